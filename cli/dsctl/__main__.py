@@ -1,0 +1,3 @@
+from dsctl.app import main
+
+raise SystemExit(main())

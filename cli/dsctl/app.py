@@ -1,0 +1,63 @@
+"""The dsctl command: registers the verbs; main() is the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import click
+import typer
+
+from dsctl import __version__
+from dsctl.commands import lab
+from dsctl.errors import DsctlError, ExitStatus
+
+app = typer.Typer(
+    name="dsctl",
+    help="Take Ascend 910B servers from bare OS to a tuned DeepSeek inference service.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(lab.app, name="lab")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dsctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """dsctl: provision, deploy, tune and upgrade Ascend NPU inference fleets."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = app(args=argv, prog_name="dsctl", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except DsctlError as exc:
+        print(f"dsctl: error: {exc}", file=sys.stderr)
+        return int(exc.exit_status)
+    except KeyboardInterrupt:
+        print("dsctl: interrupted", file=sys.stderr)
+        return int(ExitStatus.INTERRUPTED)
+    except click.exceptions.Abort:
+        print("dsctl: aborted", file=sys.stderr)
+        return int(ExitStatus.INTERRUPTED)
+    except Exception as exc:  # the last-resort handler: a bug, not a user error
+        if os.environ.get("DSCTL_DEBUG"):
+            raise
+        print(f"dsctl: internal error: {type(exc).__name__}: {exc} (set DSCTL_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return int(ExitStatus.ERROR)
+    # Click returns the code of a typer.Exit when not in standalone mode.
+    return result if isinstance(result, int) else int(ExitStatus.OK)

@@ -1,0 +1,195 @@
+"""PID 1 of a lab host.
+
+Started by the lab controller as ``ip netns exec <ns> unshare -m -u -p -f
+--mount-proc --propagation private --kill-child python -m dsctl.lab.hostinit``,
+so it owns a network, mount, UTS and PID namespace.  It gives the host its own
+disk (overlays of the system directories on the host's own tmpfs), boots it
+(fresh /run, /tmp and /dev/shm, a new boot id, the driver that is installed now
+is what gets "loaded", the flashed firmware becomes active), starts sshd and
+reaps orphans.
+
+A reboot is SIGUSR1 to this process (the host's reboot command sends it):
+every other process of the host is killed, the runtime filesystems are thrown
+away and the host boots again.  SIGTERM powers it off.
+
+Keep the imports to the standard library and the emulator modules: this runs
+once per lab host and must start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from dsctl.core.lab.versionfiles import parse_key_value
+from dsctl.emu import hwstate
+
+# Directories a role or installer writes to; each host gets its own view of them.
+OVERLAID_DIRS = ("etc", "usr/local", "opt", "var", "home", "root")
+RUNTIME_DIRS = ("/run", "/tmp", "/dev/shm")
+DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+STATE_FILE = "state.json"
+
+
+class _Reboot(Exception):
+    pass
+
+
+class _PowerOff(Exception):
+    pass
+
+
+def _raise(exc: type[Exception]):
+    def handler(_signum, _frame):
+        raise exc()
+
+    return handler
+
+
+def _run(*cmd: str, **kwargs) -> None:
+    subprocess.run(cmd, check=True, **kwargs)
+
+
+def mount_disk(host_dir: Path) -> None:
+    """Overlay each system directory with this host's upper layer (done once per power-on)."""
+    disk = host_dir / "disk"
+    for directory in OVERLAID_DIRS:
+        upper, work = disk / "upper" / directory, disk / "work" / directory
+        upper.mkdir(parents=True, exist_ok=True)
+        work.mkdir(parents=True, exist_ok=True)
+        _run("mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir=/{directory},upperdir={upper},workdir={work}", f"/{directory}")
+
+
+def mount_runtime(hw_fd: int) -> str:
+    """Fresh /run, /tmp, /dev/shm and boot id, as every boot starts with.
+
+    The new /run hides the lab's own state directory (it lives under the
+    controller's /run), so the hardware directory is reached through an open
+    descriptor instead of its path.
+    """
+    _run("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "lab-run", "/run")
+    _run("mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "lab-tmp", "/tmp")
+    _run("mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "lab-shm", "/dev/shm")
+    for directory in (hwstate.HW_DIR, Path("/run/sshd"), Path("/run/lock")):
+        directory.mkdir(parents=True, exist_ok=True)
+    _run("mount", "--bind", f"/proc/self/fd/{hw_fd}", str(hwstate.HW_DIR), pass_fds=(hw_fd,))
+    boot_id = str(uuid.uuid4())
+    boot_id_file = hwstate.LAB_RUN_DIR / "boot_id"
+    boot_id_file.write_text(boot_id + "\n")
+    _run("mount", "--bind", str(boot_id_file), BOOT_ID_PATH)
+    return boot_id
+
+
+def unmount_runtime() -> None:
+    for target in (BOOT_ID_PATH, *RUNTIME_DIRS):
+        subprocess.run(["umount", "-l", target], check=False, stderr=subprocess.DEVNULL)
+
+
+def load_driver_and_firmware(boot_id: str) -> None:
+    """What the kernel loads at boot: the driver installed now, the firmware flashed now."""
+    driver = None
+    if DRIVER_VERSION_FILE.is_file():
+        fields = parse_key_value(DRIVER_VERSION_FILE.read_text())
+        driver = {
+            "version": fields.get("Version", ""),
+            "compatible_version_fw": fields.get("compatible_version_fw", ""),
+        }
+    hwstate.save_running(
+        {"boot_id": boot_id, "driver": driver, "firmware": hwstate.flashed_firmware()}
+    )
+
+
+def start_sshd() -> int:
+    # -D keeps sshd in the foreground as our child, so a reboot can stop it with the rest.
+    process = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config"])
+    return process.pid
+
+
+def write_state(host_fd: int, state: dict) -> None:
+    payload = (json.dumps(state) + "\n").encode()
+    fd = os.open(".state.json.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=host_fd)
+    try:
+        os.write(fd, payload)
+    finally:
+        os.close(fd)
+    os.rename(".state.json.tmp", STATE_FILE, src_dir_fd=host_fd, dst_dir_fd=host_fd)
+
+
+def boot(hostname: str, hw_fd: int, host_fd: int, boots: int) -> None:
+    boot_id = mount_runtime(hw_fd)
+    _run("hostname", hostname)
+    load_driver_and_firmware(boot_id)
+    sshd_pid = start_sshd()
+    write_state(host_fd, {"boot_id": boot_id, "boots": boots, "sshd_pid": sshd_pid, "booted_at": time.time()})
+
+
+def stop_everything_else() -> None:
+    """Kill every process of the host but this one, like a reboot does."""
+    for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(-1, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                time.sleep(0.02)
+
+
+def reap_forever() -> None:
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(3600)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dsctl-lab-init")
+    parser.add_argument("--host-dir", required=True, type=Path)
+    parser.add_argument("--hostname", required=True)
+    args = parser.parse_args(argv)
+    if os.getpid() != 1:
+        print("dsctl.lab.hostinit must run as PID 1 of a lab host's namespaces", file=sys.stderr)
+        return 2
+
+    host_fd = os.open(args.host_dir, os.O_RDONLY | os.O_DIRECTORY)
+    hw_fd = os.open(args.host_dir / "hw", os.O_RDONLY | os.O_DIRECTORY)
+    mount_disk(args.host_dir)
+    signal.signal(signal.SIGUSR1, _raise(_Reboot))
+    signal.signal(signal.SIGTERM, _raise(_PowerOff))
+    signal.signal(signal.SIGINT, _raise(_PowerOff))
+
+    boots = 1
+    boot(args.hostname, hw_fd, host_fd, boots)
+    while True:
+        try:
+            reap_forever()
+        except _Reboot:
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+            stop_everything_else()
+            unmount_runtime()
+            boots += 1
+            boot(args.hostname, hw_fd, host_fd, boots)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        except _PowerOff:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT})
+            stop_everything_else()
+            return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,326 @@
+"""Lifecycle of lab hosts on this machine: namespaces, disks, PID 1, sshd.
+
+Each host is a network namespace on a bridge the controller is part of, with
+its own mount/UTS/PID namespaces created by ``unshare`` and run by
+``dsctl.lab.hostinit``.  Everything a host owns is named from the lab's state
+directory and the ``dsctl-lab-`` prefix, so teardown can find it again after
+a crash even without the state file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsctl import data
+from dsctl.core.lab.plan import BRIDGE, NETNS_PREFIX, LabHost, LabSpec, board_state
+from dsctl.emu import hwstate
+from dsctl.errors import DsctlError, EnvironmentUnsupported
+from dsctl.lab import keys, seed
+
+DEFAULT_ROOT = Path(os.environ.get("DSCTL_LAB_ROOT", "/run/dsctl/lab"))
+BOOT_TIMEOUT_S = 60.0
+REQUIRED_TOOLS = {
+    "ip": "iproute2",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+    "mount": "mount",
+    "/usr/sbin/sshd": "openssh-server",
+}
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class LabPaths:
+    root: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory.yml"
+
+    @property
+    def packages(self) -> Path:
+        return self.root / "packages"
+
+    def host_dir(self, name: str) -> Path:
+        return self.root / "hosts" / name
+
+    def hw_dir(self, name: str) -> Path:
+        return self.host_dir(name) / "hw"
+
+    def disk(self, name: str) -> Path:
+        return self.host_dir(name) / "disk"
+
+
+def require_linux_root() -> None:
+    if platform.system() != "Linux":
+        raise EnvironmentUnsupported(
+            f"the lab needs Linux network namespaces; this is {platform.system()}: run dsctl lab on a Linux machine"
+        )
+    if os.geteuid() != 0:
+        raise EnvironmentUnsupported("the lab creates namespaces and mounts: run dsctl lab as root (e.g. with sudo)")
+    missing = [f"{tool} (apt-get install {package})" for tool, package in REQUIRED_TOOLS.items()
+               if not (shutil.which(tool) or Path(tool).exists())]
+    if missing:
+        raise EnvironmentUnsupported(f"the lab needs {', '.join(missing)}")
+
+
+def _run(cmd: list[str], *, input_text: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, input=input_text, text=True, capture_output=True)
+    if check and result.returncode != 0:
+        raise DsctlError(f"lab: `{' '.join(cmd[:4])}` failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+def load_spec(paths: LabPaths) -> LabSpec | None:
+    try:
+        return LabSpec.from_dict(json.loads(paths.spec.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+# --- network -----------------------------------------------------------------------------------------
+
+def _switch_batch(spec: LabSpec) -> str:
+    """The bridge, the namespaces and the cables, in one `ip -batch` run."""
+    lines = [
+        f"link add {BRIDGE} type bridge",
+        f"address add {spec.gateway}/{spec.prefix_len} dev {BRIDGE}",
+        f"link set {BRIDGE} up",
+    ]
+    for host in spec.members:
+        lines += [
+            f"netns add {host.netns}",
+            f"link add {host.veth} type veth peer name eth0 netns {host.netns}",
+            f"link set {host.veth} master {BRIDGE} up",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _host_network_batch(spec: LabSpec, host: LabHost) -> str:
+    return f"address add {host.address}/{spec.prefix_len} dev eth0\nlink set eth0 up\nlink set lo up\n"
+
+
+def _lab_namespaces() -> list[str]:
+    listing = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in listing.splitlines() if line.startswith(NETNS_PREFIX)]
+
+
+def set_link(host: LabHost, up: bool) -> None:
+    """Plug or unplug a host's cable at the lab switch."""
+    _run(["ip", "link", "set", host.veth, "up" if up else "down"])
+
+
+def link_is_up(host: LabHost) -> bool:
+    result = _run(["ip", "-o", "link", "show", host.veth], check=False)
+    return result.returncode == 0 and "state DOWN" not in result.stdout and ",UP" in result.stdout
+
+
+# --- disks and processes -----------------------------------------------------------------------------
+
+def _mount_disk(paths: LabPaths, host: LabHost, size_gb: int) -> None:
+    disk = paths.disk(host.name)
+    disk.mkdir(parents=True, exist_ok=True)
+    _run(["mount", "-t", "tmpfs", "-o", f"size={size_gb}g,mode=0755", f"dsctl-lab-{host.name}", str(disk)])
+
+
+def _prepare_host(paths: LabPaths, spec: LabSpec, host: LabHost, authorized_key: str) -> str:
+    chips = data.load("chips")
+    hw_dir = paths.hw_dir(host.name)
+    hw_dir.mkdir(parents=True, exist_ok=True)
+    hwstate.save_board(board_state(host.name, spec.npus, spec.chip, chips["chips"], chips["bus_ids"]), hw_dir)
+    hwstate.flash_firmware(None, hw_dir)
+    hwstate.save_faults({}, hw_dir)
+    _mount_disk(paths, host, spec.disk_gb)
+    return seed.seed_host_disk(
+        paths.disk(host.name) / "upper", hostname=host.name, address=host.address, authorized_key=authorized_key
+    )
+
+
+def _start_init(paths: LabPaths, host: LabHost) -> None:
+    host_dir = paths.host_dir(host.name)
+    console = open(host_dir / "console.log", "ab")  # noqa: SIM115 - handed to the child
+    process = subprocess.Popen(
+        ["ip", "netns", "exec", host.netns,
+         "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+         "--kill-child",
+         sys.executable, "-m", "dsctl.lab.hostinit", "--host-dir", str(host_dir), "--hostname", host.name],
+        stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    console.close()
+    (host_dir / "unshare.pid").write_text(f"{process.pid}\n")
+
+
+def host_state(paths: LabPaths, name: str) -> dict | None:
+    try:
+        return json.loads((paths.host_dir(name) / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def init_pid(paths: LabPaths, name: str) -> int | None:
+    """PID (in our namespace) of the host's PID 1: the only child of its unshare process."""
+    try:
+        unshare_pid = int((paths.host_dir(name) / "unshare.pid").read_text())
+        children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    return int(children[0]) if children else None
+
+
+def _port_open(address: str, port: int = 22, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as conn:
+            return conn.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_until_booted(paths: LabPaths, hosts: Iterable[LabHost], previous_boot: dict[str, str | None],
+                      timeout: float = BOOT_TIMEOUT_S) -> None:
+    pending = {host.name: host for host in hosts}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for name, host in list(pending.items()):
+            state = host_state(paths, name)
+            if state and state["boot_id"] != previous_boot.get(name) and _port_open(host.address):
+                del pending[name]
+        if pending:
+            time.sleep(0.05)
+    if pending:
+        name = sorted(pending)[0]
+        console = (paths.host_dir(name) / "console.log")
+        tail = console.read_text(errors="replace").strip().splitlines()[-3:] if console.exists() else []
+        raise DsctlError(
+            f"lab host {name} did not boot within {timeout:.0f} s (console: {' | '.join(tail) or 'empty'}); "
+            "run `dsctl lab down` and retry"
+        )
+
+
+def reboot(paths: LabPaths, hosts: Iterable[LabHost]) -> None:
+    """Reboot hosts from outside (as a BMC power cycle would) and wait for them."""
+    hosts = list(hosts)
+    before = {host.name: (host_state(paths, host.name) or {}).get("boot_id") for host in hosts}
+    for host in hosts:
+        pid = init_pid(paths, host.name)
+        if pid is None:
+            raise DsctlError(f"lab host {host.name} is not running; run `dsctl lab up` again")
+        os.kill(pid, signal.SIGUSR1)
+    wait_until_booted(paths, hosts, before)
+
+
+def run_in_host(paths: LabPaths, name: str, command: list[str]) -> subprocess.CompletedProcess:
+    """Run a command inside a host, like its console would: same namespaces, same filesystem view."""
+    pid = init_pid(paths, name)
+    if pid is None:
+        raise DsctlError(f"lab host {name} is not running; run `dsctl lab up` again")
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", "-u", "-n", "-p", "-r", "-w", "--", *command],
+        text=True, capture_output=True,
+    )
+
+
+def copy_into_host(paths: LabPaths, name: str, source: Path, target: str) -> None:
+    """Copy a controller file into a host's view (through its PID 1's root)."""
+    pid = init_pid(paths, name)
+    if pid is None:
+        raise DsctlError(f"lab host {name} is not running; run `dsctl lab up` again")
+    shutil.copyfile(source, f"/proc/{pid}/root{target}")
+
+
+# --- up / down ---------------------------------------------------------------------------------------
+
+def up(spec: LabSpec, paths: LabPaths, progress: Progress = _quiet) -> None:
+    """Create the lab's hosts and boot them (a bare OS each)."""
+    paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    authorized = keys.write_ed25519_keypair(paths.client_key, "dsctl-lab-controller")
+    progress(f"network: bridge {BRIDGE} {spec.gateway}/{spec.prefix_len}, {len(spec.members)} namespaces")
+    _run(["ip", "-batch", "-"], input_text=_switch_batch(spec))
+    for host in spec.members:
+        _run(["ip", "-n", host.netns, "-batch", "-"], input_text=_host_network_batch(spec, host))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        host_keys = list(pool.map(lambda host: _prepare_host(paths, spec, host, authorized), spec.members))
+    known = [keys.known_hosts_line(host.address, key) for host, key in zip(spec.members, host_keys, strict=True)]
+    paths.known_hosts.write_text("\n".join(known) + "\n")
+    progress("booting hosts")
+    for host in spec.members:
+        _start_init(paths, host)
+    wait_until_booted(paths, spec.members, {})
+    paths.spec.write_text(json.dumps(spec.to_dict(), indent=1) + "\n")
+
+
+def is_running(paths: LabPaths, spec: LabSpec) -> bool:
+    return all(init_pid(paths, host.name) is not None for host in spec.members) and set(
+        _lab_namespaces()
+    ) >= {host.netns for host in spec.members}
+
+
+def _lab_mounts(root: Path) -> list[str]:
+    mounts = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            mount_point = line.split()[4].replace("\\040", " ")
+            if mount_point == str(root) or mount_point.startswith(f"{root}/"):
+                mounts.append(mount_point)
+    return sorted(set(mounts), key=len, reverse=True)
+
+
+def _processes_in(namespaces: list[str]) -> list[int]:
+    pids: list[int] = []
+    for netns in namespaces:
+        pids += [int(pid) for pid in _run(["ip", "netns", "pids", netns], check=False).stdout.split()]
+    return pids
+
+
+def down(paths: LabPaths) -> dict[str, int]:
+    """Remove every trace of the lab, whether it came up fully, half or not at all."""
+    namespaces = _lab_namespaces()
+    pids = _processes_in(namespaces)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    mounts = _lab_mounts(paths.root)
+    for mount_point in mounts:
+        _run(["umount", "-l", mount_point], check=False)
+    if namespaces:
+        _run(["ip", "-force", "-batch", "-"], input_text="".join(f"netns del {ns}\n" for ns in namespaces),
+             check=False)
+    bridge_existed = _run(["ip", "link", "del", BRIDGE], check=False).returncode == 0
+    if paths.root.exists():
+        shutil.rmtree(paths.root)
+    return {"namespaces": len(namespaces), "processes": len(pids), "mounts": len(mounts),
+            "bridge": int(bridge_existed)}

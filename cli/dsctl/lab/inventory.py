@@ -1,0 +1,44 @@
+"""The Ansible inventory `dsctl lab up` writes: the lab hosts as any fleet, plus site variables.
+
+The variables below are the ones a real site also sets for its own servers
+(how to reach them, where packages come from, how to reboot); nothing here
+tells a role that it talks to a lab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from dsctl.core.lab.plan import LabSpec
+from dsctl.lab.hosts import LabPaths
+from dsctl.lab.seed import REBOOT_COMMAND
+
+GROUP = "npu_nodes"
+
+
+def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
+    group_vars: dict[str, Any] = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(paths.client_key),
+        # Host-key checking stays on: the lab wrote every host's key into this file.
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={paths.known_hosts} -o StrictHostKeyChecking=yes",
+        # Interpreter discovery can pick a pyenv shim that does not exist on the host.
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "dsctl_npu_count": spec.npus,
+        "dsctl_package_source": str(paths.packages),
+        "dsctl_reboot_command": REBOOT_COMMAND,
+    }
+    inventory = {
+        "all": {
+            "children": {
+                GROUP: {
+                    "hosts": {host.name: {"ansible_host": host.address} for host in spec.members},
+                    "vars": group_vars,
+                }
+            }
+        }
+    }
+    header = f"# Written by `dsctl lab up` ({spec.hosts} x {spec.npus} {spec.chip}); removed by `dsctl lab down`.\n"
+    return header + yaml.safe_dump(inventory, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,49 @@
+"""Output: tables and data on stdout, progress and diagnostics on stderr, one --json envelope."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+RESULT_VERSION = "1"
+
+
+def stdout_console() -> Console:
+    # Piped output (CI logs, `| less`) gets a wide fixed width instead of rich's 80-column fallback.
+    width = None if sys.stdout.isatty() else 200
+    return Console(soft_wrap=False, highlight=False, width=width)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def progress(message: str) -> None:
+    stderr_console().print(f"[dim]•[/dim] {message}")
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold", no_wrap=True)
+    for row in rows:
+        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    stdout_console().print(table)
+
+
+def emit_json(command: Sequence[str], data: Any, *, exit_code: int = 0, errors: Sequence[str] = ()) -> None:
+    status = "success" if exit_code == 0 else ("partial" if data else "error")
+    envelope = {
+        "dsctl_result_version": RESULT_VERSION,
+        "command": list(command),
+        "status": status,
+        "exit_code": exit_code,
+        "data": data,
+        "errors": list(errors),
+    }
+    sys.stdout.write(json.dumps(envelope, indent=1, sort_keys=False) + "\n")
