@@ -40,7 +40,13 @@ CHECK_OK = "Verifying archive integrity...  100%   SHA256 checksums are OK. All 
 ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"]
 CHIPS = yaml.safe_load((packages.DSCTL_DIR / "data" / "chips.yaml").read_text())
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the install sandbox needs root (mount namespaces)")
+_root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the install sandbox needs root (mount namespaces)")
+
+
+def needs_root(test):
+    """Sandbox tests: root and Linux namespaces (the project's ``lab`` marker), skipped otherwise."""
+    return pytest.mark.lab(_root_only(test))
+
 
 SANDBOX_SETUP = """\
 set -euo pipefail
@@ -214,9 +220,7 @@ def test_check_verifies_the_archive(pkgs, tmp_path):
     result = subprocess.run(["bash", str(pkgs / TOOLKIT_800), "--check"], capture_output=True, text=True)
     assert result.returncode == 0
     assert result.stdout.strip() == CHECK_OK
-    quiet = subprocess.run(
-        ["bash", str(pkgs / TOOLKIT_800), "--check", "--quiet"], capture_output=True, text=True
-    )
+    quiet = subprocess.run(["bash", str(pkgs / TOOLKIT_800), "--check", "--quiet"], capture_output=True, text=True)
     assert quiet.returncode == 0 and quiet.stdout == ""
 
     corrupted = tmp_path / TOOLKIT_800
@@ -250,9 +254,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
         assert any(line.startswith("[Driver] [") and line.endswith(expected) for line in lines), expected
     assert "base version" not in out  # nothing was installed before
     driver = {e["version"]: e for e in packages.load_releases()["hdk"]}["24.1.rc3"]
-    assert host.read("/usr/local/Ascend/driver/version.info") == vf.render_driver_version_info(
-        driver["driver"]
-    )
+    assert host.read("/usr/local/Ascend/driver/version.info") == vf.render_driver_version_info(driver["driver"])
     assert host.read("/etc/ascend_install.info") == (
         "UserName=HwHiAiUser\nUserGroup=HwHiAiUser\nDriver_Install_Type=full\n"
         "Driver_Install_Path_Param=/usr/local/Ascend\nDriver_Install_For_All=yes\nDriver_Install_Mode=normal\n"
@@ -269,9 +271,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
     assert host.sh("head -c 19 /usr/local/bin/npu-smi").stdout == "#!/usr/bin/python3\n"
     smi = host.sh("npu-smi info")  # runs (no boot happened, so it may well report no driver)
     assert "ModuleNotFoundError" not in smi.stderr and "ImportError" not in smi.stderr
-    assert "[INFO]Driver package installed successfully!" in host.read(
-        "/var/log/ascend_seclog/ascend_install.log"
-    )
+    assert "[INFO]Driver package installed successfully!" in host.read("/var/log/ascend_seclog/ascend_install.log")
     operation = host.read("/var/log/ascend_seclog/operation.log")
     assert f"127.0.0.1 {DRIVER_OLD} success install_type=full; cmdlist=--full --install-for-all." in operation
     assert not (host.hw.parent / "running.json").exists()  # the new driver runs only after a reboot
@@ -282,9 +282,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
     assert "[INFO]The firmware of [8] chips are successfully upgraded." in out
     assert "[INFO]Firmware package installed successfully! Reboot now or after driver installation" in out
     assert hwstate.flashed_firmware(host.hw) == "7.5.0.1.129"
-    assert (
-        vf.parse_key_value(host.read("/usr/local/Ascend/firmware/version.info"))["Version"] == "7.5.0.1.129"
-    )
+    assert vf.parse_key_value(host.read("/usr/local/Ascend/firmware/version.info"))["Version"] == "7.5.0.1.129"
     assert host.read("/etc/ascend_install.info").endswith(
         "Firmware_Install_Type=full\nFirmware_Install_Path_Param=/usr/local/Ascend\n"
     )
@@ -292,9 +290,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
 
     out = ok(host.run_pkg(TOOLKIT_800, "--nox11", "--install"))
     assert "Uncompressing ASCEND_RUN_PACKAGE  100%" in out
-    assert (
-        "[Toolkit] [" in out and "] [INFO] LogFile:/var/log/ascend_seclog/ascend_toolkit_install.log" in out
-    )
+    assert "[Toolkit] [" in out and "] [INFO] LogFile:/var/log/ascend_seclog/ascend_toolkit_install.log" in out
     assert f"[INFO] CANN-runtime-7.6.0.1.220-linux.{ARCH}.run --full --quiet --nox11 install success" in out
     assert "Write Toolkit_InstallPath to /etc/Ascend/ascend_cann_install.info." in out
     assert "Driver:   Installed in /usr/local/Ascend/driver." in out
@@ -306,10 +302,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
     assert host.readlink(f"{home}/latest/lib64") == f"{ARCH}-linux/lib64"
     cfg = vf.parse_version_cfg(host.read(f"{home}/latest/version.cfg"))
     assert cfg["toolkit"]["running"] == [("7.6.0.1.220", "8.0.0")]
-    assert (
-        vf.parse_key_value(host.read("/etc/Ascend/ascend_cann_install.info"))["Install_Path"]
-        == "/usr/local/Ascend"
-    )
+    assert vf.parse_key_value(host.read("/etc/Ascend/ascend_cann_install.info"))["Install_Path"] == "/usr/local/Ascend"
     env = ok(host.sh(f"source {home}/set_env.sh && echo $ASCEND_TOOLKIT_HOME && echo $LD_LIBRARY_PATH"))
     toolkit_home, library_path = env.splitlines()
     assert toolkit_home == f"{home}/latest"
@@ -317,9 +310,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
 
     out = ok(host.run_pkg(KERNELS_800, "--install", "--type=toolkit", "--quiet"))
     assert "[kernels_910b] [" in out
-    assert (
-        f"Ascend910B-opp_kernel-7.6.0.1.220-linux.{ARCH}.run --install --quiet --nox11 install success" in out
-    )
+    assert f"Ascend910B-opp_kernel-7.6.0.1.220-linux.{ARCH}.run --install --quiet --nox11 install success" in out
     assert f"install success. The installation path is {home}." in out
     cfg = vf.parse_version_cfg(host.read(f"{home}/latest/version.cfg"))
     assert cfg["opp_kernel"]["running"] == [("7.6.0.1.220", "8.0.0")]
@@ -348,9 +339,7 @@ def test_firmware_before_driver_fails(host):
 
 @needs_root
 def test_upgrade_and_full_over_existing(host):
-    assert "is not installed on this device, upgrade failed" in failed(
-        host.run_pkg(DRIVER_OLD, "--upgrade", "--quiet")
-    )
+    assert "is not installed on this device, upgrade failed" in failed(host.run_pkg(DRIVER_OLD, "--upgrade", "--quiet"))
     ok(host.run_pkg(DRIVER_OLD, "--full", "--quiet"))
     # --full over an installed driver asks first; without an answer it gives up
     text = failed(host.run_pkg(DRIVER_OLD, "--full"))
@@ -358,9 +347,16 @@ def test_upgrade_and_full_over_existing(host):
     out = ok(host.run_pkg(DRIVER_NEW, "--nox11", "--upgrade", "--quiet"))
     assert "[INFO]base version is 24.1.rc3." in out
     assert vf.parse_key_value(host.read("/usr/local/Ascend/driver/version.info"))["Version"] == "25.5.0"
-    assert "ERR_NO:0x0004;ERR_DES: Unrecognized parameters: --bogus." in failed(
-        host.run_pkg(DRIVER_NEW, "--bogus")
+    assert "ERR_NO:0x0004;ERR_DES: Unrecognized parameters: --bogus." in failed(host.run_pkg(DRIVER_NEW, "--bogus"))
+    out = ok(host.run_pkg(DRIVER_OLD, "--full", "--quiet", "--install-path=/opt/x"))  # --quiet: overwrite
+    assert "install-path /opt/x is ignored" in out and not host.exists("/opt/x")
+    assert vf.parse_key_value(host.read("/usr/local/Ascend/driver/version.info"))["Version"] == "24.1.rc3"
+    # not root: the driver scripts' isRoot
+    not_root = host.sh(
+        f"cp /opt/pkgs/{DRIVER_NEW} /tmp/ && chmod 755 /tmp/{DRIVER_NEW} && "
+        f"setpriv --reuid=65534 --regid=65534 --clear-groups bash /tmp/{DRIVER_NEW} --upgrade --quiet"
     )
+    assert "ERR_NO:0x0093;ERR_DES:do not have root permission" in failed(not_root)
 
 
 @needs_root
@@ -411,9 +407,13 @@ def test_toolkit_already_installed_and_kernels_need_their_toolkit(host):
     assert "The nnae of version 8.0.0 is not installed" in failed(
         host.run_pkg(KERNELS_800, "--install", "--type=nnae", "--quiet")
     )
-    assert "The toolkit of version 8.5.0 is not installed" in failed(
-        host.run_pkg(OPS_850, "--install", "--quiet")
-    )
+    assert "The toolkit of version 8.5.0 is not installed" in failed(host.run_pkg(OPS_850, "--install", "--quiet"))
+    # --upgrade replaces the active version instead of adding one beside it
+    ok(host.run_pkg(TOOLKIT_83, "--upgrade", "--quiet"))
+    home = "/usr/local/Ascend/ascend-toolkit"
+    assert not host.exists(f"{home}/8.0.0")
+    cfg = vf.parse_version_cfg(host.read(f"{home}/latest/version.cfg"))
+    assert cfg["toolkit"]["installed"] == [("8.3.0.2.220", "8.3.RC2")]
 
 
 @needs_root
@@ -430,8 +430,7 @@ def test_side_by_side_cann_switches_latest_and_uninstalls(host):
     assert cfg["toolkit"]["running"] == [("8.3.0.2.220", "8.3.RC2")]
     assert cfg["opp_kernel"]["installed"] == [("7.6.0.1.220", "8.0.0")] and not cfg["opp_kernel"]["running"]
     assert (
-        vf.parse_key_value(host.read(f"{home}/latest/{ARCH}-linux/ascend_toolkit_install.info"))["version"]
-        == "8.3.RC2"
+        vf.parse_key_value(host.read(f"{home}/latest/{ARCH}-linux/ascend_toolkit_install.info"))["version"] == "8.3.RC2"
     )
     assert host.exists(f"{home}/8.0.0/{ARCH}-linux/ascend_toolkit_install.info")
 
@@ -454,8 +453,7 @@ def test_uninstall_scripts(host):
     assert "ERR_NO:0x0004;ERR_DES: Unrecognized parameters: --uninstall. Only support '--quiet'." in text
     out = ok(host.sh("bash /usr/local/Ascend/driver/script/uninstall.sh --force"))
     assert (
-        out.strip()
-        == "[INFO]Driver package uninstalled successfully! Reboot needed for uninstallation to take effect!"
+        out.strip() == "[INFO]Driver package uninstalled successfully! Reboot needed for uninstallation to take effect!"
     )
     for path in ("/usr/local/Ascend/driver", "/usr/local/bin/npu-smi", "/usr/local/dcmi"):
         assert not host.exists(path)
@@ -476,14 +474,10 @@ def test_injected_failure_keeps_the_previous_driver(host):
     assert result.returncode == 1
     assert "[INFO]upgradePercentage:30%" in result.stdout
     assert "[INFO]upgradePercentage:100%" not in result.stdout
-    assert (
-        "[ERROR]Dkms install failed, details in : /var/log/ascend_seclog/ascend_install.log" in result.stdout
-    )
+    assert "[ERROR]Dkms install failed, details in : /var/log/ascend_seclog/ascend_install.log" in result.stdout
     assert vf.parse_key_value(host.read("/usr/local/Ascend/driver/version.info"))["Version"] == "24.1.rc3"
     assert hwstate.faults(host.hw) == {}  # consumed once
-    assert f"{DRIVER_NEW} failed cmdlist=--upgrade --quiet." in host.read(
-        "/var/log/ascend_seclog/operation.log"
-    )
+    assert f"{DRIVER_NEW} failed cmdlist=--upgrade --quiet." in host.read("/var/log/ascend_seclog/operation.log")
     ok(host.run_pkg(DRIVER_NEW, "--upgrade", "--quiet"))  # the next attempt works
 
     hwstate.save_faults({"install_fail": "toolkit"}, host.hw)

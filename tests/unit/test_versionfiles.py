@@ -311,6 +311,4 @@ def test_cann_install_info():
     text = vf.render_cann_install_info("/usr/local/Ascend", "/usr/local/Ascend/ascend-toolkit/latest")
     assert vf.parse_key_value(text)["Install_Path"] == "/usr/local/Ascend"
     # tools grep "Install_Path" and expect exactly one hit
-    assert [line for line in text.splitlines() if "Install_Path" in line] == [
-        "Install_Path=/usr/local/Ascend"
-    ]
+    assert [line for line in text.splitlines() if "Install_Path" in line] == ["Install_Path=/usr/local/Ascend"]

@@ -135,9 +135,7 @@ export ATB_WORKSPACE_MEM_ALLOC_GLOBAL=1
 def _usage_error(t: Transcript, flag: str | None) -> int:
     # inferred: CANN scripts print "Unsupported parameters : <flag>"; the ERR_NO form matches the HDK scripts
     detail = f": {flag}" if flag else ""
-    t.error(
-        f"ERR_NO:0x0004;ERR_DES:Unrecognized parameters{detail}. Try './xxx.run --help' for more information."
-    )
+    t.error(f"ERR_NO:0x0004;ERR_DES:Unrecognized parameters{detail}. Try './xxx.run --help' for more information.")
     return 1
 
 
@@ -208,11 +206,7 @@ class _CannRun:
 
     @property
     def package_title(self) -> str:
-        return (
-            Path(runpkg.runfile_name()).stem
-            if runpkg.runfile_name() != "unknown.run"
-            else self.pkg["run_name"]
-        )
+        return Path(self.pkg["run_name"]).stem
 
     def log_operation(self, result: str) -> None:
         runpkg.log_operation(
@@ -235,9 +229,7 @@ class _CannRun:
         if asked is not None:
             asked = asked.rstrip("/") or "/"
             if not asked.startswith("/"):
-                raise self.fail(
-                    "ERR_NO:0x0003;ERR_DES:install-path only support absolute path, install failed"
-                )
+                raise self.fail("ERR_NO:0x0003;ERR_DES:install-path only support absolute path, install failed")
         if runpkg.is_root() and CANN_INSTALL_INFO.is_file():
             recorded = vf.parse_key_value(CANN_INSTALL_INFO.read_text()).get("Install_Path")
             if recorded:
@@ -306,14 +298,15 @@ class ToolkitRun(_CannRun):
         self.toolkit_home.mkdir(parents=True, exist_ok=True)
         with runpkg.StagedDir(version_dir) as staged:
             self._fill_version_dir(staged.path, toolkit)
+            if (version_dir / "opp_kernel").is_dir():
+                # Reinstalling a version keeps the kernels installed into it (a separate package).
+                runpkg.copy_tree(version_dir / "opp_kernel", staged.path / "opp_kernel")
             new_cfg = vf.version_cfg_install(cfg, vf.TOOLKIT_CFG_COMPONENTS, (toolkit["build"], self.version))
             if previous and previous[1] != self.version and self.mode == "upgrade":
                 # --upgrade replaces the active version (inferred: the vendor's latest manager is not public)
                 new_cfg = vf.version_cfg_remove(new_cfg, previous[1])
             new_cfg = _drop_components_missing_in(new_cfg, self.version)
-            latest = build_latest(
-                self.toolkit_home, self.version, self.arch, new_cfg, staged_version=staged.path
-            )
+            latest = build_latest(self.toolkit_home, self.version, self.arch, new_cfg, staged_version=staged.path)
             with latest:
                 set_env = TOOLKIT_SET_ENV.format(root=self.root)
                 runpkg.replace_file(self.toolkit_home / "set_env.sh", set_env, 0o755)
@@ -350,9 +343,7 @@ class ToolkitRun(_CannRun):
             runpkg.pause()
             t.info(f"{sub} {self.sub_args()} install success")
         for library in TOOLKIT_LIBRARIES:
-            runpkg.write_file(
-                path / library, f"emulated {Path(library).name} of CANN {self.version}\n", 0o755
-            )
+            runpkg.write_file(path / library, f"emulated {Path(library).name} of CANN {self.version}\n", 0o755)
         opp = self.pkg["cann"]["opp_version_info"]
         runpkg.write_file(
             path / "opp" / "version.info",
@@ -376,9 +367,7 @@ class ToolkitRun(_CannRun):
                 path=str(self.toolkit_home / self.version / f"{arch}-linux"),
             ),
         )
-        runpkg.write_file(
-            arch_dir / "conf" / "path.cfg", f"ASCEND_HOME_PATH={self.toolkit_home / self.version}\n"
-        )
+        runpkg.write_file(arch_dir / "conf" / "path.cfg", f"ASCEND_HOME_PATH={self.toolkit_home / self.version}\n")
         runpkg.copy_installer(self.payload, arch_dir / "script")
         runpkg.write_uninstall_script(arch_dir / "script", f"CANN toolkit {self.version}", "--quiet")
         runpkg.write_file(path / "set_env.sh", TOOLKIT_SET_ENV.format(root=self.root), 0o755)
@@ -392,9 +381,7 @@ class ToolkitRun(_CannRun):
         set_env = self.toolkit_home / "set_env.sh"
         self.t.emit("\n===========\n= Summary =\n===========\n")
         self.t.emit(f"Driver:   {driver}")
-        self.t.emit(
-            f"Toolkit:  {Path(self.pkg['run_name']).stem} install success, installed in {self.root}.\n"
-        )
+        self.t.emit(f"Toolkit:  {Path(self.pkg['run_name']).stem} install success, installed in {self.root}.\n")
         self.t.emit("Please make sure that the environment variables have been configured.")
         self.t.emit(f'-  To take effect for all users, you can add "source {set_env}" to /etc/profile.')
         self.t.emit(
@@ -549,13 +536,7 @@ class KernelsRun(_CannRun):
                 ),
             )
             kernel_dir = (
-                staged.path
-                / "built-in"
-                / "op_impl"
-                / "ai_core"
-                / "tbe"
-                / "kernel"
-                / f"ascend{kernels['family']}"
+                staged.path / "built-in" / "op_impl" / "ai_core" / "tbe" / "kernel" / f"ascend{kernels['family']}"
             )
             for name in ("add", "matmul_v3", "flash_attention_score", "moe_gating_top_k"):
                 runpkg.write_file(kernel_dir / name / f"{name}.json", '{"emulated": true}\n')
@@ -564,9 +545,7 @@ class KernelsRun(_CannRun):
                 t.error(f"{sub} --{self.mode} --quiet --nox11 install failed")
                 raise self.fail(f"{Path(self.pkg['run_name']).stem} install failed.")
             runpkg.copy_installer(self.payload, staged.path / "script")
-            runpkg.write_uninstall_script(
-                staged.path / "script", f"{kernels['package']} {self.version}", "--quiet"
-            )
+            runpkg.write_uninstall_script(staged.path / "script", f"{kernels['package']} {self.version}", "--quiet")
             latest = None
             if base.parent == self.toolkit_home:
                 cfg = self.read_cfg()
@@ -699,10 +678,7 @@ class NnalRun(_CannRun):
         t.info(f"{sub} --install --quiet --nox11 install success")
         t.info(f"{Path(self.pkg['run_name']).stem} install success, installed in {self.root / 'nnal'}.")
         t.emit("Please make sure that the environment variables have been configured.")
-        t.emit(
-            "-  To take effect for current user, you can exec command below: "
-            f"source {atb_home / 'set_env.sh'}"
-        )
+        t.emit(f"-  To take effect for current user, you can exec command below: source {atb_home / 'set_env.sh'}")
 
 
 def uninstall_nnal(pkg: dict, argv: list[str], script_dir: Path) -> int:
@@ -715,9 +691,7 @@ def uninstall_nnal(pkg: dict, argv: list[str], script_dir: Path) -> int:
     atb_home = version_dir.parent
     runpkg.remove_path(version_dir)
     others = (
-        sorted(p.name for p in atb_home.iterdir() if p.is_dir() and not p.is_symlink())
-        if atb_home.is_dir()
-        else []
+        sorted(p.name for p in atb_home.iterdir() if p.is_dir() and not p.is_symlink()) if atb_home.is_dir() else []
     )
     latest = atb_home / "latest"
     if not latest.exists():

@@ -229,9 +229,7 @@ def driver_lock(path: Path = DRIVER_LOCK):
     """
     # O_EXCL makes "exists? then create" atomic; FileExistsError reaches the caller.
     os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o440))
-    previous = {
-        sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    }
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -425,16 +423,27 @@ class StagedDir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy files and symlinks one by one: shutil.copytree folds ENOSPC into a shutil.Error list."""
+    for entry in sorted(source.rglob("*")):
+        if "__pycache__" in entry.parts:
+            continue
+        destination = target / entry.relative_to(source)
+        if entry.is_symlink():
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(entry), destination)
+        elif entry.is_dir():
+            destination.mkdir(parents=True, exist_ok=True)
+        else:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(entry, destination)
+
+
 def copy_installer(payload: Path, script_dir: Path) -> None:
     """Keep the installer code next to the installed component, for its uninstall.sh."""
-    pylib = script_dir / "pylib"
-    # File by file rather than shutil.copytree, which folds ENOSPC into a shutil.Error list.
-    for source in sorted((payload / "dsctl").rglob("*.py")):
-        target = pylib / source.relative_to(payload)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
+    copy_tree(payload / "dsctl", script_dir / "pylib" / "dsctl")
     shutil.copy2(payload / "package.json", script_dir / "package.json")
-    write_file(pylib / "uninstall.py", UNINSTALL_LAUNCHER, 0o644)
+    write_file(script_dir / "pylib" / "uninstall.py", UNINSTALL_LAUNCHER, 0o644)
 
 
 UNINSTALL_LAUNCHER = '''\

@@ -99,8 +99,8 @@ HEADER = """\
 # Package: @NAME@
 label="@LABEL@"
 payload_sha256="@SHA256@"
-payload_offset=@OFFSET@
-payload_size=@SIZE@
+payload_offset=$((@OFFSET@))
+payload_size=$((@SIZE@))
 
 quiet=n
 noexec=n
@@ -117,7 +117,7 @@ for arg in "$@"; do
 done
 
 payload() {
-    tail -c +$((10#$payload_offset + 1)) "$0" | head -c $((10#$payload_size))
+    tail -c +$((payload_offset + 1)) "$0" | head -c "$payload_size"
 }
 
 verify() {
@@ -268,8 +268,7 @@ def build_packages(out_dir: Path, arch: str = platform.machine(), releases: dict
         os.replace(temp, path)
         written.append(path)
     sums = "".join(
-        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
-        for p in sorted(written, key=lambda p: p.name)
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(written, key=lambda p: p.name)
     )
     (out_dir / "SHA256SUMS").write_text(sums)
     return written
@@ -277,15 +276,17 @@ def build_packages(out_dir: Path, arch: str = platform.machine(), releases: dict
 
 def build_run(spec: PackageSpec) -> bytes:
     payload = tar_gz(payload_files(spec))
-    placeholder = "0" * 10
+    # Fixed-width numbers keep the header length independent of their values; the shell reads
+    # "$((      2232))" as 2232 (no leading zeros: POSIX sh would take them for octal).
+    placeholder = " " * 10
     header = (
         HEADER.replace("@NAME@", spec.name)
         .replace("@LABEL@", spec.label)
         .replace("@SHA256@", hashlib.sha256(payload).hexdigest())
-        .replace("@SIZE@", f"{len(payload):010d}")
+        .replace("@SIZE@", f"{len(payload):10d}")
     )
     offset = len(header.replace("@OFFSET@", placeholder).encode())
-    return header.replace("@OFFSET@", f"{offset:010d}").encode() + payload
+    return header.replace("@OFFSET@", f"{offset:10d}").encode() + payload
 
 
 def payload_files(spec: PackageSpec) -> dict[str, tuple[bytes, int]]:
@@ -311,9 +312,7 @@ def zipapp(entry: str) -> bytes:
     yet is left out (the tool then fails on the host with ImportError).
     """
     module, function = entry.split(":")
-    members = {
-        "__main__.py": f"import sys\nfrom {module} import {function}\nsys.exit({function}())\n".encode()
-    }
+    members = {"__main__.py": f"import sys\nfrom {module} import {function}\nsys.exit({function}())\n".encode()}
     for init in PACKAGE_INITS:
         members[f"dsctl/{init}"] = b""
     for name in ZIPAPP_MODULES:
@@ -334,9 +333,7 @@ def zipapp(entry: str) -> bytes:
 
 def tar_gz(files: dict[str, tuple[bytes, int]]) -> bytes:
     """Deterministic tar.gz: sorted members, root-owned, mtime 0, gzip header mtime 0."""
-    directories = sorted(
-        {str(parent) for name in files for parent in Path(name).parents if str(parent) != "."}
-    )
+    directories = sorted({str(parent) for name in files for parent in Path(name).parents if str(parent) != "."})
     raw = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as compressed:
         with tarfile.open(fileobj=compressed, mode="w", format=tarfile.GNU_FORMAT) as archive:

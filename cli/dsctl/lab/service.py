@@ -14,6 +14,7 @@ from dsctl.errors import DsctlError, UsageError
 from dsctl.lab import faults, hosts, preinstall
 from dsctl.lab.hosts import LabPaths, Progress
 from dsctl.lab.inventory import render_inventory
+from dsctl.lab.packages import build_packages
 
 
 @dataclass
@@ -43,6 +44,9 @@ def lab_up(root: Path, *, hosts_count: int, npus: int, chip: str, subnet: str, d
     hosts.down(paths)  # whatever a crashed or interrupted `lab up` left behind
     try:
         hosts.up(spec, paths, progress)
+        # The inventory names this directory as the package source, so it exists on every lab.
+        progress(f"writing installer packages to {paths.packages}")
+        build_packages(paths.packages)
         if steps:
             preinstall.run(spec, paths, steps, progress)
         paths.inventory.write_text(render_inventory(spec, paths))

@@ -1,0 +1,106 @@
+"""Lab fixtures: real lab hosts (namespaces, sshd) brought up through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dsctl.adapters import ssh
+from dsctl.core.lab.plan import LabSpec
+from dsctl.lab.hosts import LabPaths, load_spec
+
+LAB_ROOT = Path("/run/dsctl/test-lab")
+
+
+def lab_capable() -> bool:
+    return platform.system() == "Linux" and os.geteuid() == 0
+
+
+requires_lab = pytest.mark.skipif(not lab_capable(), reason="the lab needs Linux and root")
+
+
+def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT, **kwargs) -> subprocess.CompletedProcess:
+    """Run the installed CLI exactly as a user would."""
+    env = {**os.environ, "DSCTL_LAB_ROOT": str(root), "COLUMNS": "200"}
+    result = subprocess.run([sys.executable, "-m", "dsctl", *args], text=True, capture_output=True, env=env,
+                            timeout=300, **kwargs)
+    if check and result.returncode != 0:
+        raise AssertionError(f"dsctl {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@dataclass
+class Lab:
+    paths: LabPaths
+    spec: LabSpec
+    inventory: Path
+
+    def target(self, name: str) -> ssh.SshTarget:
+        host = next(h for h in self.spec.members if h.name == name)
+        return ssh.SshTarget(name, host.address, "root", self.paths.client_key, self.paths.known_hosts)
+
+    def sh(self, name: str, command: str, timeout: float = 30.0) -> ssh.SshResult:
+        return ssh.run(self.target(name), command, timeout=timeout)
+
+    def sh_ok(self, name: str, command: str) -> str:
+        result = self.sh(name, command)
+        assert result.exit_code == 0, f"{name}: {command!r} -> {result}"
+        return result.stdout
+
+    def status(self) -> dict:
+        return json.loads(dsctl("lab", "status", "--json", check=False).stdout)
+
+
+def bring_up(*args: str) -> Lab:
+    result = dsctl("lab", "up", *args)
+    inventory = Path(result.stdout.strip().splitlines()[-1])
+    paths = LabPaths(LAB_ROOT)
+    spec = load_spec(paths)
+    assert spec is not None
+    return Lab(paths, spec, inventory)
+
+
+def lab_leftovers(root: Path = LAB_ROOT) -> dict[str, list[str]]:
+    """Everything a lab could leave behind on this machine."""
+    netns = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+             .stdout.splitlines() if line.startswith("dsctl-lab-")]
+    links = [line for line in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
+             .stdout.splitlines() if "dsctl-lab0" in line or ": dlab" in line]
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if line.split()[4].startswith(str(root))]
+    processes = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "dsctl.lab.hostinit" in cmdline and str(root) in cmdline:
+                processes.append(f"{proc.name}: {cmdline}")
+    return {"netns": netns, "links": links, "mounts": mounts, "processes": processes,
+            "state": [str(root)] if root.exists() else []}
+
+
+@pytest.fixture(scope="module")
+def bare_lab():
+    if not lab_capable():
+        pytest.skip("the lab needs Linux and root")
+    lab = bring_up("--hosts", "3")
+    yield lab
+    dsctl("lab", "down")
+
+
+@pytest.fixture(scope="module")
+def installed_lab():
+    if not lab_capable():
+        pytest.skip("the lab needs Linux and root")
+    lab = bring_up("--hosts", "3", "--driver", "24.1.rc3", "--firmware", "7.5.0.1.129")
+    yield lab
+    dsctl("lab", "down")
