@@ -6,7 +6,6 @@ import os
 import sys
 from typing import Annotated
 
-import click
 import typer
 
 from dsctl import __version__
@@ -17,7 +16,7 @@ app = typer.Typer(
     name="dsctl",
     help="Take Ascend 910B servers from bare OS to a tuned DeepSeek inference service.",
     no_args_is_help=True,
-    pretty_exceptions_show_locals=False,
+    pretty_exceptions_enable=False,
 )
 app.add_typer(lab.app, name="lab")
 
@@ -39,19 +38,16 @@ def root(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run dsctl; usage errors exit 2 (Typer), DsctlError exits with its status after one stderr line."""
     try:
-        result = app(args=argv, prog_name="dsctl", standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+        app(args=argv, prog_name="dsctl")
+    except SystemExit as exc:  # Typer's own exits: --help, usage errors, typer.Exit(code)
+        return exc.code if isinstance(exc.code, int) else int(ExitStatus.OK if exc.code is None else ExitStatus.ERROR)
     except DsctlError as exc:
         print(f"dsctl: error: {exc}", file=sys.stderr)
         return int(exc.exit_status)
     except KeyboardInterrupt:
         print("dsctl: interrupted", file=sys.stderr)
-        return int(ExitStatus.INTERRUPTED)
-    except click.exceptions.Abort:
-        print("dsctl: aborted", file=sys.stderr)
         return int(ExitStatus.INTERRUPTED)
     except Exception as exc:  # the last-resort handler: a bug, not a user error
         if os.environ.get("DSCTL_DEBUG"):
@@ -59,5 +55,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dsctl: internal error: {type(exc).__name__}: {exc} (set DSCTL_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return int(ExitStatus.ERROR)
-    # Click returns the code of a typer.Exit when not in standalone mode.
-    return result if isinstance(result, int) else int(ExitStatus.OK)
+    return int(ExitStatus.OK)

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from dsctl.adapters import ssh
@@ -53,6 +54,21 @@ class Lab:
         result = self.sh(name, command)
         assert result.exit_code == 0, f"{name}: {command!r} -> {result}"
         return result.stdout
+
+    def upload(self, name: str, package: str) -> str:
+        """Copy a package from the lab's package source to /root on the host over SFTP, as a role would."""
+        target = self.target(name)
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(target.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(target.address, username="root", key_filename=str(target.key_file), look_for_keys=False,
+                       allow_agent=False)
+        try:
+            with client.open_sftp() as sftp:
+                sftp.put(str(self.paths.packages / package), f"/root/{package}")
+        finally:
+            client.close()
+        return f"/root/{package}"
 
     def status(self) -> dict:
         return json.loads(dsctl("lab", "status", "--json", check=False).stdout)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-import paramiko
 import pytest
 
 from dsctl.core.lab.npusmi import parse_board, parse_info
@@ -23,22 +22,6 @@ DRIVER_OLD = f"Ascend-hdk-910b-npu-driver_24.1.rc3_linux-{ARCH}.run"
 FIRMWARE_OLD = "Ascend-hdk-910b-npu-firmware_7.5.0.1.129.run"
 DRIVER_NEW = f"Ascend-hdk-910b-npu-driver_25.5.0_linux-{ARCH}.run"
 FIRMWARE_NEW = "Ascend-hdk-910b-npu-firmware_7.8.0.5.216.run"
-
-
-def upload(lab: Lab, host: str, package: str) -> str:
-    """Copy a package from the lab's package source to the host over SFTP, as a role would."""
-    target = lab.target(host)
-    client = paramiko.SSHClient()
-    client.load_host_keys(str(target.known_hosts))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    client.connect(target.address, username="root", key_filename=str(target.key_file), look_for_keys=False,
-                   allow_agent=False)
-    try:
-        with client.open_sftp() as sftp:
-            sftp.put(str(lab.paths.packages / package), f"/root/{package}")
-    finally:
-        client.close()
-    return f"/root/{package}"
 
 
 def reboot_with_ansible(lab: Lab, host: str) -> None:
@@ -97,7 +80,7 @@ def test_bare_host_has_no_driver_tools(bare_lab: Lab):
 def test_an_install_on_one_host_is_invisible_elsewhere(bare_lab: Lab):
     controller_had_driver = Path("/usr/local/Ascend/driver/version.info").exists()
     bare_lab.sh_ok("lab-02", "groupadd HwHiAiUser && useradd -g HwHiAiUser -m HwHiAiUser")
-    run_file = upload(bare_lab, "lab-02", DRIVER_OLD)
+    run_file = bare_lab.upload("lab-02", DRIVER_OLD)
     out = bare_lab.sh_ok("lab-02", f"bash {run_file} --nox11 --full --quiet --install-for-all")
     assert "Driver package installed successfully! Reboot needed" in out
     assert "Version=24.1.rc3" in bare_lab.sh_ok("lab-02", "cat /usr/local/Ascend/driver/version.info")
@@ -110,7 +93,7 @@ def test_driver_and_firmware_take_effect_only_after_reboot(bare_lab: Lab):
     host = "lab-01"
     bare_lab.sh_ok(host, "groupadd HwHiAiUser && useradd -g HwHiAiUser -m HwHiAiUser")
     for package, flags in ((DRIVER_OLD, "--full --install-for-all"), (FIRMWARE_OLD, "--full")):
-        bare_lab.sh_ok(host, f"bash {upload(bare_lab, host, package)} --nox11 --quiet {flags}")
+        bare_lab.sh_ok(host, f"bash {bare_lab.upload(host, package)} --nox11 --quiet {flags}")
 
     # Installed but not loaded: the device cannot be opened until the host boots the new driver.
     not_loaded = bare_lab.sh(host, "npu-smi info")
@@ -128,8 +111,8 @@ def test_driver_and_firmware_take_effect_only_after_reboot(bare_lab: Lab):
     assert board["Compatibility"] == "OK"
 
     # Upgrade (firmware first, then driver): files change now, npu-smi keeps the old versions until reboot.
-    bare_lab.sh_ok(host, f"bash {upload(bare_lab, host, FIRMWARE_NEW)} --nox11 --upgrade --quiet")
-    bare_lab.sh_ok(host, f"bash {upload(bare_lab, host, DRIVER_NEW)} --nox11 --upgrade --quiet")
+    bare_lab.sh_ok(host, f"bash {bare_lab.upload(host, FIRMWARE_NEW)} --nox11 --upgrade --quiet")
+    bare_lab.sh_ok(host, f"bash {bare_lab.upload(host, DRIVER_NEW)} --nox11 --upgrade --quiet")
     assert "Version=25.5.0" in bare_lab.sh_ok(host, "cat /usr/local/Ascend/driver/version.info")
     assert parse_info(bare_lab.sh_ok(host, "npu-smi info")).driver_version == "24.1.rc3"
     assert parse_board(bare_lab.sh_ok(host, "npu-smi info -t board -i 0"))["Firmware Version"] == "7.5.0.1.129"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsctl import data
-from dsctl.core.lab.plan import BRIDGE, NETNS_PREFIX, LabHost, LabSpec, board_state
+from dsctl.core.lab.plan import BRIDGE, CABLE_PREFIX, NETNS_PREFIX, LabHost, LabSpec, board_state
 from dsctl.emu import hwstate
 from dsctl.errors import DsctlError, EnvironmentUnsupported
 from dsctl.lab import keys, seed
@@ -132,6 +133,22 @@ def _host_network_batch(spec: LabSpec, host: LabHost) -> str:
 def _lab_namespaces() -> list[str]:
     listing = _run(["ip", "netns", "list"], check=False).stdout
     return [line.split()[0] for line in listing.splitlines() if line.startswith(NETNS_PREFIX)]
+
+
+def _lab_cables() -> list[str]:
+    listing = _run(["ip", "-o", "link", "show"], check=False).stdout
+    names = (line.split(":")[1].strip().split("@")[0] for line in listing.splitlines() if line.count(":") >= 2)
+    return [name for name in names if re.fullmatch(rf"{CABLE_PREFIX}\d+", name)]
+
+
+def _remove_cables() -> None:
+    """Deleting a namespace frees its veth peers asynchronously; a quick `lab up` would then hit
+    "File exists", so the lab's own cable ends are removed and waited for here."""
+    for name in _lab_cables():
+        _run(["ip", "link", "del", name], check=False)
+    deadline = time.monotonic() + 10
+    while _lab_cables() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def set_link(host: LabHost, up: bool) -> None:
@@ -319,6 +336,7 @@ def down(paths: LabPaths) -> dict[str, int]:
     if namespaces:
         _run(["ip", "-force", "-batch", "-"], input_text="".join(f"netns del {ns}\n" for ns in namespaces),
              check=False)
+    _remove_cables()
     bridge_existed = _run(["ip", "link", "del", BRIDGE], check=False).returncode == 0
     if paths.root.exists():
         shutil.rmtree(paths.root)

@@ -17,6 +17,7 @@ MAX_HOSTS = 200
 MAX_NPUS = 16
 BRIDGE = "dsctl-lab0"
 NETNS_PREFIX = "dsctl-lab-"
+CABLE_PREFIX = "dlab"
 DEFAULT_SUBNET = "10.78.0.0/24"
 FIRST_HOST_OFFSET = 11
 
@@ -100,7 +101,7 @@ def plan_lab(
             index=index,
             address=str(network.network_address + FIRST_HOST_OFFSET + index - 1),
             netns=f"{NETNS_PREFIX}{index:02d}",
-            veth=f"dlab{index}",
+            veth=f"{CABLE_PREFIX}{index}",
         )
         for index in range(1, hosts + 1)
     ]
