@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,22 +50,42 @@ def test_bad_options_name_the_field_and_create_nothing(args, field):
     assert lab_leftovers() == NOTHING
 
 
-def test_non_root_is_refused_with_exit_8(tmp_path: Path):
-    # Run the CLI as nobody with the system interpreter and this checkout on the path.
-    paths = [str(Path(__file__).resolve().parents[2] / "cli"), sysconfig.get_paths()["purelib"],
-             sysconfig.get_paths()["platlib"]]
-    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
-                            "import sys; sys.path[:0] = sys.argv[1:]; import dsctl.app", *paths],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"nobody cannot import dsctl from this checkout: {probe.stderr.strip().splitlines()[-1:]}")
-    result = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
-         "import sys; sys.path[:0] = sys.argv[1:]; from dsctl.app import main; sys.exit(main(['lab', 'up']))",
-         *paths],
-        capture_output=True, text=True, env={**os.environ, "DSCTL_LAB_ROOT": str(tmp_path / "lab")},
-    )
-    assert result.returncode == 8
+def _copy_cli_for_nobody(dest: Path) -> None:
+    """Copy dsctl and its libraries where nobody can read them: a clone under a private directory
+    (mktemp, /root) is not readable by another user. Typer imports some of them lazily, so the whole
+    site directory goes, less what `lab up` never loads."""
+    unused = shutil.ignore_patterns("__pycache__", "ansible_collections", "ansible", "ruff", "pip", "setuptools")
+    sources = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    for source in sources:
+        shutil.copytree(source, dest, ignore=unused, dirs_exist_ok=True, symlinks=True)
+    shutil.copytree(Path(__file__).resolve().parents[2] / "cli" / "dsctl", dest / "dsctl", dirs_exist_ok=True,
+                    ignore=unused)
+    for path in [dest, *dest.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def test_non_root_is_refused_with_exit_8():
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("needs /usr/bin/python3 to run as another user")
+    same_python = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
+                                 capture_output=True, text=True).stdout.strip()
+    if same_python != str(sys.version_info[:2]):
+        pytest.skip(f"/usr/bin/python3 is {same_python}, the venv {sys.version_info[:2]}: compiled modules differ")
+    workdir = Path(tempfile.mkdtemp(prefix="dsctl-nobody-"))
+    try:
+        workdir.chmod(0o755)
+        _copy_cli_for_nobody(workdir / "site")
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+             "import sys; sys.path[:0] = sys.argv[1:]; from dsctl.app import main; sys.exit(main(['lab', 'up']))",
+             str(workdir / "site")],
+            capture_output=True, text=True, cwd=workdir,
+            env={**os.environ, "DSCTL_LAB_ROOT": str(workdir / "lab")},
+        )
+    finally:
+        shutil.rmtree(workdir)
+    assert result.returncode == 8, result.stderr
     assert "run dsctl lab as root" in result.stderr
     assert lab_leftovers() == NOTHING
 
