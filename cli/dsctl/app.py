@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from dsctl import __version__
-from dsctl.commands import lab
+from dsctl.commands import fleet, lab, matrix
 from dsctl.errors import DsctlError, ExitStatus
 
 app = typer.Typer(
@@ -19,6 +19,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(lab.app, name="lab")
+app.command(name="matrix")(matrix.show)
+app.command(name="provision")(fleet.provision)
+app.command(name="check")(fleet.check)
 
 
 def _print_version(value: bool) -> None:

@@ -19,7 +19,8 @@ BIN = Path(sys.executable).parent
         ["ruff", "check", "."],
         ["yamllint", "--strict", "."],
         ["ansible-lint", "--profile", "production", "--offline"],
-        ["ansible-playbook", "--syntax-check", "-i", "inventories/sample/hosts.yml", "playbooks/npu_info.yml"],
+        ["ansible-playbook", "--syntax-check", "-i", "inventories/sample/hosts.yml", "playbooks/npu_info.yml",
+         "playbooks/provision.yml", "playbooks/check.yml"],
     ],
     ids=lambda command: command[0],
 )

@@ -11,7 +11,11 @@ Backend of ``dsctl lab packages --out DIR``.  Every release in
     Ascend-cann-910b-ops_<ver>_linux-<arch>.run       (from 8.5)
     Ascend-cann-nnal_<ver>_linux-<arch>.run
 
-plus ``SHA256SUMS``.  Each .run is makeself-shaped: a bash header, then a
+plus ``SHA256SUMS`` (the .run files only), and the wheelhouse ``wheels/``: small
+stand-in wheels of torch, torch_npu, vllm and vllm-ascend at the versions of
+the ``vllm_ascend_matrix`` rows of those CANN releases, with their own
+``wheels/SHA256SUMS`` for ``pip install --require-hashes`` (dsctl.lab.wheelhouse).
+Each .run is makeself-shaped: a bash header, then a
 tar.gz payload whose SHA256 the header embeds.  The header implements the
 makeself flags the vendor packages honour (``--check``, ``--quiet``,
 ``--nox11``, ``--noexec``, ``--extract=<dir>``) with makeself's messages
@@ -25,7 +29,8 @@ a minimal ``dsctl`` package tree with the stdlib-only installer modules, and
 for the driver the ``npu-smi`` and ``upgrade-tool`` zipapps.
 
 Output is deterministic (fixed tar/zip times and owners, gzip mtime 0), so
-the same releases give the same bytes and checksums.
+the same releases give the same bytes and checksums; the wheelhouse is
+deterministic the same way.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from pathlib import Path
 import yaml
 
 import dsctl
+from dsctl.lab.wheelhouse import build_wheelhouse
 
 DSCTL_DIR = Path(dsctl.__file__).resolve().parent
 RELEASES_FILE = DSCTL_DIR / "data" / "releases.yaml"
@@ -254,7 +260,10 @@ def package_specs(releases: dict, arch: str) -> list[PackageSpec]:
 
 
 def build_packages(out_dir: Path, arch: str = platform.machine(), releases: dict | None = None) -> list[Path]:
-    """Write every package plus SHA256SUMS into ``out_dir``; return the .run paths."""
+    """Write every package plus SHA256SUMS into ``out_dir``, the wheelhouse into ``out_dir/wheels``.
+
+    Return the .run paths, then the wheel paths.
+    """
     releases = load_releases() if releases is None else releases
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -271,7 +280,7 @@ def build_packages(out_dir: Path, arch: str = platform.machine(), releases: dict
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(written, key=lambda p: p.name)
     )
     (out_dir / "SHA256SUMS").write_text(sums)
-    return written
+    return written + build_wheelhouse(out_dir / "wheels", releases)
 
 
 def build_run(spec: PackageSpec) -> bytes:

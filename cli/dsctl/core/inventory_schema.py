@@ -1,0 +1,254 @@
+"""The dsctl_* host variables of an inventory: their schema, and the check of a whole fleet (pure).
+
+One host's merged Ansible variables are many (ansible_*, site keys, other tools' keys), so unknown keys are
+ignored, except ``dsctl_*`` ones: a misspelt dsctl setting would otherwise be ignored in silence and the
+default used instead, so it is refused with a "did you mean".  Every problem is one line that names the
+host and the variable: ``inventory: host lab-01: dsctl_npu_count: expected an integer 1..16, got 'eight';
+fix it in group_vars or host_vars``.
+
+`validate_fleet` also resolves each host's `DesiredStack` (dsctl.core.matrix) so an incompatible version
+choice stops a run before any host is touched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dsctl import data
+from dsctl.core import ascend_env
+from dsctl.core.matrix import resolve_stack
+from dsctl.core.stack import DesiredStack
+from dsctl.errors import DsctlError, ExitStatus
+
+SETTINGS_PREFIX = "dsctl_"
+FIX = "fix it in group_vars or host_vars"
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+_MAX_NAMED_HOSTS = 3
+
+
+class InventoryError(DsctlError):
+    exit_status = ExitStatus.USAGE
+
+
+# --------------------------------------------------------------------------- value types
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/") or any(c in value for c in "\n\r\0"):
+        raise ValueError("not an absolute path")
+    return value
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() for c in value):
+        raise ValueError("not an http(s) URL")
+    return value
+
+
+def _path_or_url(value: str) -> str:
+    return _absolute_path(value) if value.startswith("/") else _http_url(value)
+
+
+def _one_line(value: str) -> str:
+    if not value.strip() or any(c in value for c in "\n\r\0"):
+        raise ValueError("not a one-line value")
+    return value
+
+
+def _account_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError("not a user or group name")
+    return value
+
+
+# strict=True: YAML turns 24.1 into a float and "yes" stays a string; neither may slip through as a version
+# or a boolean (the roles would compare a float, or treat the string "false" as true).
+Text = Annotated[str, Field(strict=True)]
+AbsolutePath = Annotated[Text, AfterValidator(_absolute_path)]
+PathOrUrl = Annotated[Text, AfterValidator(_path_or_url)]
+HttpUrl = Annotated[Text, AfterValidator(_http_url)]
+OneLine = Annotated[Text, AfterValidator(_one_line)]
+AccountName = Annotated[Text, AfterValidator(_account_name)]
+Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line)]
+Flag = Annotated[bool, Field(strict=True)]
+
+_VERSION = "a quoted version string"
+_FLAG = "true or false (unquoted)"
+
+
+class HostSettings(BaseModel):
+    """The dsctl settings of one host; each field's description is what an error says it expects."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    dsctl_npu_count: Annotated[int, Field(strict=True, ge=1, le=16, description="an integer 1..16")]
+    dsctl_package_source: Annotated[PathOrUrl, Field(description="an absolute path or an http(s):// URL")]
+    dsctl_reboot_command: Annotated[OneLine, Field(description="a one-line command")] = "shutdown -r now"
+    dsctl_allow_reboot: Annotated[Flag, Field(description=_FLAG)] = True
+    dsctl_driver_version: Annotated[Version | None, Field(description=_VERSION)] = None
+    dsctl_firmware_version: Annotated[Version | None, Field(description=_VERSION)] = None
+    dsctl_cann_version: Annotated[Version | None, Field(description=_VERSION)] = None
+    dsctl_vllm_ascend_version: Annotated[Version | None, Field(description=f"{_VERSION} or none")] = None
+    dsctl_install_path: Annotated[AbsolutePath, Field(description="an absolute path")] = "/usr/local/Ascend"
+    dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
+    dsctl_run_group: Annotated[AccountName, Field(description="a group name")] = "HwHiAiUser"
+    dsctl_force_unhealthy: Annotated[Flag, Field(description=_FLAG)] = False
+    dsctl_min_free_disk_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 10
+    dsctl_ascend_env: Annotated[
+        dict[str, Any], Field(strict=True, description="a mapping of VARIABLE: value")
+    ] = Field(default_factory=dict)
+    dsctl_serving_venv: Annotated[AbsolutePath, Field(description="an absolute path")] = "/opt/dsctl/serving-venv"
+    # Defaults to <dsctl_package_source>/wheels (see _default_wheelhouse).
+    dsctl_wheelhouse: Annotated[PathOrUrl | None, Field(description="an absolute path or an http(s):// URL")] = None
+    dsctl_pip_index_url: Annotated[HttpUrl | None, Field(description="an http(s):// URL")] = None
+    dsctl_staging_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/var/cache/dsctl/packages"
+    dsctl_env_file: Annotated[AbsolutePath, Field(description="an absolute path")] = "/etc/profile.d/dsctl-ascend.sh"
+
+    # Not an inventory variable: validate_fleet attaches the resolved stack here.  validate_host_vars only
+    # passes dsctl_* keys in, so an inventory cannot set it.
+    stack: DesiredStack | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_wheelhouse(cls, values: Any) -> Any:
+        if isinstance(values, dict) and values.get("dsctl_wheelhouse") is None:
+            source = values.get("dsctl_package_source")
+            if isinstance(source, str) and source.startswith(("/", "http://", "https://")):  # else its own error
+                values = {**values, "dsctl_wheelhouse": source.rstrip("/") + "/wheels"}
+        return values
+
+    @field_validator("dsctl_ascend_env", mode="before")
+    @classmethod
+    def _empty_env(cls, overrides: Any) -> Any:
+        return {} if overrides is None else overrides  # "dsctl_ascend_env:" with nothing under it
+
+    @field_validator("dsctl_ascend_env")
+    @classmethod
+    def _known_env(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        ascend_env.resolve_env(overrides)  # raises EnvError, one line naming the variable
+        return overrides
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The NPU process environment: ascend_env defaults merged with dsctl_ascend_env."""
+        return ascend_env.resolve_env(self.dsctl_ascend_env)
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        return [name for name in cls.model_fields if name.startswith(SETTINGS_PREFIX)]
+
+
+# --------------------------------------------------------------------------- one host
+
+
+def _count(number: int, template: str) -> str:
+    return template.format(number, "" if number == 1 else "s") if number else ""
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _unknown_setting(key: str) -> str:
+    # Compare what follows the shared prefix, or every name would look close to every other.
+    names = {name.removeprefix(SETTINGS_PREFIX): name for name in HostSettings.setting_names()}
+    close = difflib.get_close_matches(key.removeprefix(SETTINGS_PREFIX), list(names), n=1, cutoff=0.6)
+    if close:
+        return f"{key}: unknown dsctl variable; did you mean {names[close[0]]}? rename it in group_vars or host_vars"
+    return f"{key}: unknown dsctl variable (see inventories/sample for dsctl's); remove it from group_vars or host_vars"
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    field = str(error["loc"][0]) if error.get("loc") else "inventory"
+    info = HostSettings.model_fields.get(field)
+    expected = info.description if info is not None and info.description else "a valid value"
+    if error["type"] == "missing":
+        return f"{field}: required but not set ({expected}); add it to group_vars or host_vars"
+    value = error.get("input")
+    if expected == _VERSION or expected.startswith(_VERSION):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # YAML read 24.1 as a number: quote it, or "8.10" becomes 8.1.
+            return f'{field}: expected {expected}, got the number {value}; quote it: {field}: "{value}"'
+    return f"{field}: expected {expected}, got {_shown(value)}; {FIX}"
+
+
+def validate_host_vars(host: str, hostvars: Mapping[str, Any]) -> HostSettings:
+    """One host's merged variables -> its settings; `InventoryError` (one line, host and variable) if wrong."""
+    settings = {str(k): v for k, v in hostvars.items() if str(k).startswith(SETTINGS_PREFIX)}
+    known = set(HostSettings.setting_names())
+    unknown = sorted(key for key in settings if key not in known)
+    if unknown:
+        raise InventoryError(f"inventory: host {host}: {_unknown_setting(unknown[0])}")
+    try:
+        return HostSettings.model_validate(settings)
+    except ValidationError as invalid:
+        errors = invalid.errors()
+        more = _count(len(errors) - 1, " ({} more problem{} on this host)")
+        raise InventoryError(f"inventory: host {host}: {_problem(errors[0])}{more}") from None
+    except DsctlError as invalid:  # EnvError from dsctl_ascend_env
+        raise InventoryError(f"inventory: host {host}: {invalid}", invalid.exit_status) from None
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+def _host_problem(host: str, hostvars: Mapping[str, Any], releases: Mapping,
+                  stacks: dict[tuple, DesiredStack]) -> tuple[HostSettings | None, DsctlError | None]:
+    try:
+        settings = validate_host_vars(host, hostvars)
+    except InventoryError as problem:
+        return None, problem
+    versions = (settings.dsctl_driver_version, settings.dsctl_firmware_version, settings.dsctl_cann_version,
+                settings.dsctl_vllm_ascend_version)
+    if versions not in stacks:
+        try:
+            stacks[versions] = resolve_stack(releases, driver=versions[0], firmware=versions[1], cann=versions[2],
+                                             vllm_ascend=versions[3])
+        except DsctlError as problem:
+            return None, problem
+    return settings.model_copy(update={"stack": stacks[versions]}), None
+
+
+def _without_host(problem: DsctlError, host: str) -> str:
+    return str(problem).removeprefix(f"inventory: host {host}: ")
+
+
+def _hosts_label(hosts: list[str]) -> str:
+    if len(hosts) == 1:
+        return f"host {hosts[0]}"
+    named = ", ".join(hosts[:_MAX_NAMED_HOSTS]) + (", ..." if len(hosts) > _MAX_NAMED_HOSTS else "")
+    return f"{len(hosts)} hosts ({named})"
+
+
+def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *,
+                   releases: Mapping | None = None) -> dict[str, HostSettings]:
+    """Every host's settings, each with its resolved `DesiredStack` attached as ``.stack``.
+
+    Raises `InventoryError` on the first problem (hosts in the order given), saying how many hosts share
+    it: exit USAGE for a bad variable or unknown version, VALIDATION_FAILED for an incompatible stack.
+    """
+    releases = data.load("releases") if releases is None else releases
+    stacks: dict[tuple, DesiredStack] = {}
+    settled: dict[str, HostSettings] = {}
+    problems: dict[str, DsctlError] = {}
+    for host, hostvars in hosts.items():
+        settings, problem = _host_problem(str(host), hostvars, releases, stacks)
+        if problem is not None:
+            problems[str(host)] = problem
+        else:
+            settled[str(host)] = settings
+    if not problems:
+        return settled
+    first_host, first = next(iter(problems.items()))
+    message = _without_host(first, first_host)
+    sharing = [host for host, problem in problems.items() if _without_host(problem, host) == message]
+    others = len(problems) - len(sharing)
+    tail = _count(others, " (other problems on {} more host{})")
+    raise InventoryError(f"inventory: {_hosts_label(sharing)}: {message}{tail}", first.exit_status) from first

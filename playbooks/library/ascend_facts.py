@@ -1,0 +1,215 @@
+#!/usr/bin/python
+"""Read-only collector of what an Ascend host runs: version files, npu-smi output, disk, serving venv.
+
+It only reads. Parsing happens on the controller (the ascend_facts action plugin hands the raw text to
+dsctl.core.hoststate), so one tested parser serves roles, `dsctl check` and the lab alike.
+Where each fact lives: shared/reference/ascend-interfaces.md section 7 ("Detecting installed state").
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: ascend_facts
+short_description: Collect the raw state of an Ascend NPU host (read-only)
+description:
+  - Reads the driver, firmware and CANN version files, C(npu-smi info) and C(npu-smi info -t board -i N),
+    free disk on the install path, memory, the run user and the serving venv's installed distributions.
+  - Never changes the host; safe in check mode.
+options:
+  install_path:
+    description: CANN root (the C(--install-path) given to the CANN installers).
+    type: path
+    default: /usr/local/Ascend
+  env_file:
+    description: The managed environment file whose content is returned for drift checks.
+    type: path
+  serving_venv:
+    description: The serving virtualenv whose installed distributions are listed.
+    type: path
+  run_user:
+    description: The driver's run user.
+    type: str
+    default: HwHiAiUser
+  run_group:
+    description: The driver's run group.
+    type: str
+    default: HwHiAiUser
+author: dsctl
+"""
+
+RETURN = r"""
+ascend_raw:
+  description: Raw file contents and command outputs, parsed on the controller.
+  returned: always
+  type: dict
+"""
+
+import glob  # noqa: E402
+import grp  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import pwd  # noqa: E402
+import re  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+DRIVER_ROOT = "/usr/local/Ascend"  # the driver ignores --install-path (reference section 5.2)
+NPU_SMI_CANDIDATES = ("/usr/local/bin/npu-smi", "/usr/local/sbin/npu-smi")
+COMMAND_TIMEOUT_S = 30
+
+
+def read_text(path, limit=1 << 20):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read(limit)
+    except OSError:
+        return None
+
+
+def os_release():
+    text = read_text("/etc/os-release") or ""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"')
+    return {"id": values.get("ID"), "version_id": values.get("VERSION_ID"), "pretty_name": values.get("PRETTY_NAME")}
+
+
+def mem_total_mb():
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    return None
+
+
+def disk_of(path):
+    probe = path
+    while probe and not os.path.isdir(probe):
+        probe = os.path.dirname(probe.rstrip("/")) or "/"
+    stats = os.statvfs(probe)
+    return {"path": probe, "free_mb": stats.f_bavail * stats.f_frsize // (1 << 20),
+            "total_mb": stats.f_blocks * stats.f_frsize // (1 << 20)}
+
+
+def toolkit_state(install_path, arch):
+    home = os.path.join(install_path, "ascend-toolkit")
+    dirs, kernels = {}, {}
+    for info in sorted(glob.glob(os.path.join(home, "*", "*-linux", "ascend_toolkit_install.info"))):
+        version = info[len(home) + 1:].split(os.sep)[0]
+        if version == "latest":
+            continue
+        dirs[version] = read_text(info)
+        kernels[version] = os.path.isdir(os.path.join(home, version, "opp_kernel"))
+    latest = None
+    link = os.path.join(home, "latest", "set_env.sh")
+    if os.path.islink(link):
+        # latest/ is a farm of relative links into ../<version>/ (reference section 4.4)
+        latest = os.readlink(link).split("/")[1] if os.readlink(link).startswith("../") else None
+    return dirs, kernels, latest
+
+
+def run(module, argv):
+    rc, out, err = module.run_command(argv, check_rc=False)
+    return {"rc": rc, "stdout": out, "stderr": err}
+
+
+def npu_smi_state(module):
+    path = next((p for p in NPU_SMI_CANDIDATES if os.access(p, os.X_OK)), None)
+    if path is None:
+        return {"path": None, "info": None, "boards": {}}
+    info = run(module, [path, "info"])
+    boards = {}
+    if info["rc"] == 0:
+        npu_ids = sorted({int(m) for m in re.findall(r"^\|\s*(\d+)\s+\S*910\S*\s*\|", info["stdout"], re.M)})
+        for npu_id in npu_ids:
+            boards[str(npu_id)] = run(module, [path, "info", "-t", "board", "-i", str(npu_id)])
+    return {"path": path, "info": info, "boards": boards}
+
+
+def serving_state(venv):
+    if not venv:
+        return None
+    packages = {}
+    for metadata in glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "*.dist-info", "METADATA")):
+        name = version = None
+        for line in (read_text(metadata, 65536) or "").splitlines():
+            if line.startswith("Name: "):
+                name = line[6:].strip()
+            elif line.startswith("Version: "):
+                version = line[9:].strip()
+            elif not line:
+                break
+        if name and version:
+            packages[re.sub(r"[-_.]+", "-", name).lower()] = version
+    python = None
+    config = read_text(os.path.join(venv, "pyvenv.cfg")) or ""
+    found = re.search(r"^version(?:_info)?\s*=\s*(\S+)", config, re.M)
+    if found:
+        python = found.group(1)
+    return {"venv": venv, "exists": os.path.isdir(venv), "python": python, "packages": packages}
+
+
+def user_state(user, group):
+    try:
+        pwd.getpwnam(user)
+        user_exists = True
+    except KeyError:
+        user_exists = False
+    try:
+        grp.getgrnam(group)
+        group_exists = True
+    except KeyError:
+        group_exists = False
+    return {"name": user, "exists": user_exists, "group": group, "group_exists": group_exists}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "install_path": {"type": "path", "default": DRIVER_ROOT},
+            "env_file": {"type": "path"},
+            "serving_venv": {"type": "path"},
+            "run_user": {"type": "str", "default": "HwHiAiUser"},
+            "run_group": {"type": "str", "default": "HwHiAiUser"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    install_path = params["install_path"].rstrip("/") or "/"
+    arch = platform.machine()
+    toolkit_dirs, kernels_dirs, toolkit_latest = toolkit_state(install_path, arch)
+    upgrade_tools = glob.glob(os.path.join(DRIVER_ROOT, "driver", "**", "upgrade-tool"), recursive=True)
+    raw = {
+        "collector_version": 1,
+        "install_path": install_path,
+        "arch": arch,
+        "kernel": platform.release(),
+        "os": os_release(),
+        "boot_id": (read_text("/proc/sys/kernel/random/boot_id") or "").strip() or None,
+        "mem_total_mb": mem_total_mb(),
+        "disk": disk_of(install_path),
+        "files": {
+            "driver_version_info": read_text(os.path.join(DRIVER_ROOT, "driver", "version.info")),
+            "firmware_version_info": read_text(os.path.join(DRIVER_ROOT, "firmware", "version.info")),
+            "ascend_install_info": read_text("/etc/ascend_install.info"),
+            "cann_install_info": read_text("/etc/Ascend/ascend_cann_install.info"),
+            "toolkit_version_cfg": read_text(os.path.join(install_path, "ascend-toolkit", "latest", "version.cfg")),
+            "opp_version_info": read_text(os.path.join(install_path, "ascend-toolkit", "latest", "opp",
+                                                       "version.info")),
+            "nnal_version_info": read_text(os.path.join(install_path, "nnal", "atb", "latest", "version.info")),
+            "env_file": read_text(params["env_file"]) if params["env_file"] else None,
+        },
+        "toolkit_dirs": toolkit_dirs,
+        "toolkit_latest": toolkit_latest,
+        "kernels_dirs": kernels_dirs,
+        "npu_smi": npu_smi_state(module),
+        "upgrade_tool": upgrade_tools[0] if upgrade_tools else None,
+        "run_user": user_state(params["run_user"], params["run_group"]),
+        "serving": serving_state(params["serving_venv"]),
+    }
+    module.exit_json(changed=False, ascend_raw=raw)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""`dsctl provision` on bare lab hosts: the fresh-install path, an unreachable host, check, idempotency."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+
+import pytest
+import yaml
+
+from .conftest import bring_up, dsctl, requires_lab
+
+pytestmark = [pytest.mark.lab, requires_lab]
+
+
+@pytest.fixture
+def package_url(bare_fleet):
+    """The lab's package directory served over HTTP from the controller's side of the lab bridge."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(bare_fleet.paths.packages))
+    server = http.server.ThreadingHTTPServer((bare_fleet.spec.gateway, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://{bare_fleet.spec.gateway}:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bare_fleet():
+    lab = bring_up("--hosts", "3")
+    yield lab
+    dsctl("lab", "down")
+
+
+def test_fresh_hosts_are_provisioned_while_an_unreachable_one_is_reported(bare_fleet):
+    lab = bare_fleet
+    dsctl("lab", "fault", "lab-03", "network-down")
+    result = dsctl("provision", str(lab.inventory), "--json", check=False)
+    report = json.loads(result.stdout)
+    hosts = {row["host"]: row for row in report["data"]["hosts"]}
+    assert result.returncode == 5, result.stderr
+    assert hosts["lab-03"]["status"] == "unreachable"
+    for name in ("lab-01", "lab-02"):
+        assert hosts[name]["status"] == "changed"
+        wanted = ("25.5.0", "7.8.0.5.216", "8.5.0")
+        assert (hosts[name]["driver"], hosts[name]["firmware"], hosts[name]["cann"]) == wanted
+        assert (hosts[name]["torch_npu"], hosts[name]["vllm_ascend"]) == ("2.8.0.post2", "0.13.0")
+    # fresh host: the driver went in before the firmware (it needs the driver's upgrade-tool)
+    operations = lab.sh_ok("lab-01", "cat /var/log/ascend_seclog/operation.log")
+    assert operations.index("npu-driver_25.5.0") < operations.index("npu-firmware_7.8.0.5.216")
+    # the run user the driver needs, the managed env file, the pinned venv
+    assert "HwHiAiUser" in lab.sh_ok("lab-01", "id HwHiAiUser")
+    env_file = lab.sh_ok("lab-01", "cat /etc/profile.d/dsctl-ascend.sh")
+    assert "ascend-toolkit/set_env.sh" in env_file and "PYTORCH_NPU_ALLOC_CONF" in env_file
+    loaded = lab.sh_ok("lab-01", "bash -c '. /etc/profile.d/dsctl-ascend.sh && echo $ASCEND_TOOLKIT_HOME'")
+    assert "/usr/local/Ascend/ascend-toolkit/latest" in loaded
+    probe = "import torch_npu, vllm_ascend; print(torch_npu.__version__, vllm_ascend.__version__)"
+    imported = lab.sh_ok("lab-01", f"/opt/dsctl/serving-venv/bin/python -c '{probe}'")
+    assert imported.split() == ["2.8.0.post2", "0.13.0"]
+
+    dsctl("lab", "fault", "lab-03", "network-up")
+
+
+def test_an_http_package_source_is_downloaded_and_verified_on_the_host(bare_fleet, package_url, tmp_path):
+    lab = bare_fleet
+    data = yaml.safe_load(lab.inventory.read_text())
+    data["all"]["children"]["npu_nodes"]["vars"].update(
+        dsctl_package_source=package_url, dsctl_wheelhouse=f"{package_url}/wheels")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    result = dsctl("provision", str(inventory), "--limit", "lab-03", "--json", check=False)
+    assert result.returncode == 0, result.stdout
+    row = json.loads(result.stdout)["data"]["hosts"][0]
+    assert (row["host"], row["status"], row["cann"], row["vllm_ascend"]) == ("lab-03", "changed", "8.5.0", "0.13.0")
+
+
+def test_check_is_clean_and_a_second_provision_changes_nothing(bare_fleet):
+    lab = bare_fleet
+    result = dsctl("check", str(lab.inventory), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(" ok ") >= 3
+    before = {h["name"]: h["boots"] for h in lab.status()["data"]}
+
+    result = dsctl("provision", str(lab.inventory), "--json", check=False)
+    assert result.returncode == 0
+    rows = json.loads(result.stdout)["data"]["hosts"]
+    assert [(row["changed"], row["status"]) for row in rows] == [(0, "ok")] * 3
+    assert {h["name"]: h["boots"] for h in lab.status()["data"]} == before
+
+
+def test_check_reports_env_drift_without_changing_anything(bare_fleet):
+    lab = bare_fleet
+    lab.sh_ok("lab-02", "sed -i 's/^export TASK_QUEUE_ENABLE=.*/export TASK_QUEUE_ENABLE=2/' "
+                        "/etc/profile.d/dsctl-ascend.sh")
+    result = dsctl("check", str(lab.inventory), "--json", check=False)
+    hosts = {row["host"]: row for row in json.loads(result.stdout)["data"]["hosts"]}
+    assert result.returncode == 3
+    assert hosts["lab-02"]["status"] == "error"
+    assert any(f["component"] == "env" and "TASK_QUEUE_ENABLE" in f["sentence"] for f in hosts["lab-02"]["findings"])
+    assert "TASK_QUEUE_ENABLE=2" in lab.sh_ok("lab-02", "cat /etc/profile.d/dsctl-ascend.sh")
