@@ -104,17 +104,30 @@ def parse_sha256sums(text: str) -> dict:
     return sums
 
 
+def _wheels_for(name: str, version: str, sums: dict) -> dict[str, str]:
+    """Wheel files of one pinned distribution in a wheelhouse manifest (PEP 427 names), file -> sha256."""
+    wheel_prefix = re.sub(r"[-_.]+", "_", name).lower() + "-" + version + "-"
+    found = {file: digest for file, digest in sums.items() if file.lower().startswith(wheel_prefix)
+             and file.endswith(".whl")}
+    if not found:
+        raise AnsibleFilterError(
+            f"wheelhouse: no wheel for {name}=={version} in its SHA256SUMS; add it to the wheelhouse"
+        )
+    return found
+
+
+def pinned_wheels(pins, sums) -> list[str]:
+    """The wheel files the pins need, to fetch them one by one from a wheelhouse URL."""
+    sums = _plain(sums)
+    return sorted(file for name, version in _plain(pins).items() for file in _wheels_for(name, version, sums))
+
+
 def pip_requirements(pins, sums) -> str:
     """requirements.txt pinning each distribution, with every wheelhouse hash of that name and version."""
+    sums = _plain(sums)
     lines = []
     for name, version in sorted(_plain(pins).items()):
-        wheel_prefix = re.sub(r"[-_.]+", "_", name).lower() + "-" + version + "-"
-        hashes = sorted(digest for file, digest in _plain(sums).items()
-                        if file.lower().startswith(wheel_prefix) and file.endswith(".whl"))
-        if not hashes:
-            raise AnsibleFilterError(
-                f"wheelhouse: no wheel for {name}=={version} in its SHA256SUMS; add it to the wheelhouse"
-            )
+        hashes = sorted(_wheels_for(name, version, sums).values())
         lines.append(f"{name}=={version} " + " ".join(f"--hash=sha256:{digest}" for digest in hashes))
     return "\n".join(lines) + "\n"
 
@@ -164,6 +177,7 @@ class FilterModule:
             "dsctl_parse_sha256sums": parse_sha256sums,
             "dsctl_pip_requirements": pip_requirements,
             "dsctl_pin_drift": pin_drift,
+            "dsctl_pinned_wheels": pinned_wheels,
             "dsctl_render_env": render_env,
             "dsctl_expected_env": expected_env,
             "dsctl_audit": audit_report,
