@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from dsctl import __version__
-from dsctl.commands import fleet, lab, matrix
+from dsctl.commands import engine, estimate, fleet, lab, matrix, probe
 from dsctl.errors import DsctlError, ExitStatus
 
 app = typer.Typer(
@@ -19,9 +19,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(lab.app, name="lab")
+app.add_typer(engine.app, name="engine")
 app.command(name="matrix")(matrix.show)
 app.command(name="provision")(fleet.provision)
 app.command(name="check")(fleet.check)
+app.command(name="deploy")(fleet.deploy)
+app.command(name="probe")(probe.run)
+app.command(name="estimate")(estimate.show)
 
 
 def _print_version(value: bool) -> None:

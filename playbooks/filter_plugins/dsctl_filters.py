@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 try:
-    from dsctl.core import ascend_env, audit, hoststate, inventory_schema
+    from dsctl.core import ascend_env, audit, hoststate, inventory_schema, service, service_render
     from dsctl.core.stack import DesiredStack
     from dsctl.errors import DsctlError
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
@@ -168,6 +168,51 @@ def audit_report(host_state, stack, expected_npus, env_expected=None) -> dict:
     return report.to_dict()
 
 
+# How each service manager tells whether an instance's process is alive (service_health's process check).
+PROCESS_CHECKS = {
+    "supervisor": (["supervisorctl", "status", "{unit}"], r"RUNNING|STARTING"),
+    "systemd": (["systemctl", "is-active", "{unit}"], r"^(active|activating)"),
+    "container": (["{runtime}", "inspect", "-f", "{{{{.State.Running}}}}", "{unit}"], r"true"),
+}
+
+
+def service_instances(host_vars) -> list[dict]:
+    """Every inference instance of this host with its rendered files, fingerprint and readiness check."""
+    _require_core()
+    name = str(host_vars.get("inventory_hostname", "host"))
+    try:
+        settings = inventory_schema.validate_fleet({name: _plain(_dsctl_vars(host_vars))})[name]
+    except DsctlError as problem:
+        raise AnsibleFilterError(str(problem)) from None
+    services = {spec.name: spec for spec in settings.services}
+    rendered = service_render.render_host(
+        settings.services, npu_count=settings.dsctl_npu_count, env=settings.environment,
+        config_dir=settings.dsctl_service_config_dir, log_dir=settings.dsctl_service_log_dir,
+        install_path=settings.dsctl_install_path)
+    instances = []
+    for planned in service.plan_host(settings.services, settings.dsctl_npu_count):
+        spec = services[planned.service]
+        files = rendered[planned.name]
+        command, pattern = PROCESS_CHECKS[spec.manager]
+        runtime = getattr(spec, "container_runtime", "docker") or "docker"
+        instances.append({
+            "name": planned.name, "service": spec.name, "unit": planned.unit, "engine": spec.engine,
+            "manager": spec.manager, "port": planned.port, "npus": list(planned.npus), "bind": spec.bind,
+            "model": spec.served_model_name, "user": spec.user, "group": spec.group,
+            "dir": f"{settings.dsctl_service_config_dir}/{planned.name}",
+            "log_file": f"{settings.dsctl_service_log_dir}/{planned.name}.log",
+            "health_timeout": spec.health_timeout_s,
+            "kind": "mindie" if spec.engine == "mindie" else "openai",
+            "api_key": spec.api_key.get_secret_value() if spec.api_key is not None else None,
+            "process_check": [part.format(unit=planned.unit, runtime=runtime) for part in command],
+            "process_pattern": pattern,
+            "fingerprint": service_render.fingerprint(files),
+            "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
+                       "group": f.group, "secret": f.secret, "role": f.role} for f in files],
+        })
+    return instances
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -181,4 +226,5 @@ class FilterModule:
             "dsctl_render_env": render_env,
             "dsctl_expected_env": expected_env,
             "dsctl_audit": audit_report,
+            "dsctl_service_instances": service_instances,
         }

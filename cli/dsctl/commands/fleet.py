@@ -26,6 +26,11 @@ def _validate_inventory(inventory: Path) -> dict[str, inventory_schema.HostSetti
     return inventory_schema.validate_fleet(inventory_adapter.host_vars(inventory))
 
 
+def _addresses(inventory: Path) -> dict[str, str]:
+    return {host: str(values.get("ansible_host", host))
+            for host, values in inventory_adapter.host_vars(inventory).items()}
+
+
 def _versions(report: dict[str, Any]) -> dict[str, str]:
     versions = report.get("versions", {})
     driver, firmware, cann = versions.get("driver", {}), versions.get("firmware", {}), versions.get("cann", {})
@@ -159,3 +164,91 @@ def check(inventory: InventoryArg, limit: LimitOption = None, as_json: JsonOptio
     for line in errors:
         console.print(line, markup=False, soft_wrap=True)
     raise typer.Exit(int(code))
+
+
+DEPLOY_REPORT_FACT = "inference_service_report"
+
+
+def _render_preview(settings: dict[str, inventory_schema.HostSettings], limit_hosts: set[str] | None) -> list[dict]:
+    """What deploy would write on each host, secrets masked: rendered locally, no host contacted."""
+    from dsctl.core import service, service_render
+
+    preview = []
+    for host, host_settings in settings.items():
+        if limit_hosts is not None and host not in limit_hosts:
+            continue
+        rendered = service_render.render_host(
+            host_settings.services, npu_count=host_settings.dsctl_npu_count, env=host_settings.environment,
+            config_dir=host_settings.dsctl_service_config_dir, log_dir=host_settings.dsctl_service_log_dir,
+            install_path=host_settings.dsctl_install_path)
+        for planned in service.plan_host(host_settings.services, host_settings.dsctl_npu_count):
+            for item in rendered[planned.name]:
+                preview.append({"host": host, "instance": planned.name, "path": item.path, "mode": f"0{item.mode:o}",
+                                "content": "(holds the API key; not shown)" if item.secret else item.content})
+    return preview
+
+
+def deploy(
+    inventory: InventoryArg,
+    limit: LimitOption = None,
+    check: Annotated[bool, typer.Option("--check", help="Report what would change; change nothing.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show file differences.")] = False,
+    serial: Annotated[int | None, typer.Option("--serial", min=1, help="Hosts deployed at a time.")] = None,
+    render: Annotated[bool, typer.Option("--render", help="Print the files deploy would write; touch no host.")]
+    = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Render and (re)start the inference instances of dsctl_services, health-gated, rolling back on failure."""
+    settings = _validate_inventory(inventory)
+    if render:
+        hosts = set(limit.split(",")) if limit else None
+        preview = _render_preview(settings, hosts)
+        if as_json:
+            ui.emit_json(["deploy", "--render"], preview)
+            return
+        out = ui.stdout_console()
+        for item in preview:
+            out.print(f"# {item['host']}: {item['path']} (mode {item['mode']})", markup=False, style="bold")
+            out.print(item["content"], markup=False, highlight=False, soft_wrap=True)
+        return
+    extra = {"dsctl_deploy_serial": serial} if serial else None
+    with PlaybookProgress() as progress:
+        run = run_playbook("deploy.yml", inventory, limit=limit, check=check, diff=diff, on_event=progress,
+                           extra_vars=extra)
+    from dsctl.core import service
+
+    addresses = _addresses(inventory)
+    rows = []
+    for name in sorted(run.hosts):
+        host = run.hosts[name]
+        host_settings = settings.get(name)
+        if host_settings is None:
+            continue
+        outcomes = host.facts.get(DEPLOY_REPORT_FACT, {})
+        for planned in service.plan_host(host_settings.services, host_settings.dsctl_npu_count):
+            spec = next(s for s in host_settings.services if s.name == planned.service)
+            status = outcomes.get(planned.name) or ("unreachable" if host.status == "unreachable" else
+                                                    "checked" if check else "not reached")
+            address = addresses.get(name, name)
+            rows.append({"host": name, "instance": planned.name, "engine": spec.engine,
+                         "npus": planned.visible_devices, "port": planned.port, "status": status,
+                         "endpoint": f"http://{address}:{planned.port}/v1"})
+    code = run.exit_status()
+    errors = _failure_lines(run)
+    if as_json:
+        ui.emit_json(["deploy"], {"instances": rows, "artifacts": str(run.artifacts), "check_mode": check},
+                     exit_code=int(code), errors=errors)
+        raise typer.Exit(int(code))
+    ui.print_table(f"dsctl deploy{' --check' if check else ''}: {len(rows)} instances",
+                   ["host", "instance", "engine", "NPUs", "port", "status", "endpoint"],
+                   [[r["host"], r["instance"], r["engine"], r["npus"], r["port"], r["status"], r["endpoint"]]
+                    for r in rows])
+    console = ui.stderr_console()
+    for line in errors:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    hint = _rerun_hint(run, "deploy", inventory)
+    if hint:
+        console.print(hint, markup=False)
+    console.print(f"run log: {run.log}", markup=False, style="dim")
+    raise typer.Exit(int(code))
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from dsctl import data
 from dsctl.core import ascend_env
 from dsctl.core.matrix import resolve_stack
+from dsctl.core.service import ServiceSpec, validate_services
 from dsctl.core.stack import DesiredStack
 from dsctl.errors import DsctlError, ExitStatus
 
@@ -110,10 +111,25 @@ class HostSettings(BaseModel):
     dsctl_pip_index_url: Annotated[HttpUrl | None, Field(description="an http(s):// URL")] = None
     dsctl_staging_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/var/cache/dsctl/packages"
     dsctl_env_file: Annotated[AbsolutePath, Field(description="an absolute path")] = "/etc/profile.d/dsctl-ascend.sh"
+    # Inference services (dsctl deploy); each entry is checked by dsctl.core.service in validate_fleet.
+    dsctl_services: Annotated[
+        list[Any], Field(strict=True, description="a list of services (see inventories/sample)")
+    ] = Field(default_factory=list)
+    dsctl_service_manager: Annotated[
+        Literal["systemd", "supervisor", "container"], Field(description="systemd, supervisor or container")
+    ] = "systemd"
+    dsctl_service_config_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/etc/dsctl/services"
+    dsctl_service_log_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/var/log/dsctl"
 
     # Not an inventory variable: validate_fleet attaches the resolved stack here.  validate_host_vars only
     # passes dsctl_* keys in, so an inventory cannot set it.
     stack: DesiredStack | None = None
+    services: tuple[ServiceSpec, ...] = ()
+
+    @field_validator("dsctl_services", mode="before")
+    @classmethod
+    def _no_services(cls, services: Any) -> Any:
+        return [] if services is None else services
 
     @model_validator(mode="before")
     @classmethod
@@ -213,7 +229,14 @@ def _host_problem(host: str, hostvars: Mapping[str, Any], releases: Mapping,
                                              vllm_ascend=versions[3])
         except DsctlError as problem:
             return None, problem
-    return settings.model_copy(update={"stack": stacks[versions]}), None
+    stack = stacks[versions]
+    try:
+        services = validate_services(host, settings.dsctl_services, npu_count=settings.dsctl_npu_count,
+                                     vllm_ascend=stack.vllm_ascend, serving_venv=settings.dsctl_serving_venv,
+                                     manager_default=settings.dsctl_service_manager)
+    except DsctlError as problem:
+        return None, problem
+    return settings.model_copy(update={"stack": stack, "services": tuple(services)}), None
 
 
 def _without_host(problem: DsctlError, host: str) -> str:

@@ -1,0 +1,936 @@
+"""Streaming OpenAI client and load driver for `dsctl probe`: raw asyncio, kept-alive connections, no aiohttp.
+
+Fidelity (the goal: client TTFT within 2 ms of the engine's own record at 256 concurrent streams on 2 cores) is
+about what happens between a byte reaching the machine and its timestamp:
+
+* On Linux plain-TCP connections are read with ``recvmsg`` and ``SO_TIMESTAMPNS``: every read is stamped with the
+  kernel's receive time, so a busy event loop (256 streams, other processes on 2 cores) delays the processing of
+  a message but not its timestamp. Elsewhere, and for https, an ``asyncio.Protocol`` stamps
+  ``time.perf_counter()`` first thing in ``data_received``.
+* Per message the client only de-chunks and splits SSE events with ``bytes.find`` and recognises choice-bearing
+  messages with one regular expression; JSON is parsed only for the usage chunk (or an error event). Reads go
+  into one preallocated buffer (a fresh 256 KiB buffer per read costs more than the parsing).
+* Connections are kept alive and reused, as aiohttp's pool does for `vllm bench serve`; a request's clock starts
+  just before a connection is taken from the pool (or opened), as vLLM's starts just before ``session.post``.
+
+Timeouts at every level: connect (``wait_for``), first response byte, idle gap between bytes, total per request
+(one watchdog task checks every in-flight request a few times a second, so the hot path only stores a float),
+the preflight GET, and a backstop for the whole run. Nothing awaits without a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import socket
+import ssl
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from dsctl.core.probe_metrics import ErrorClass, RequestRecord
+
+_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*(\]?)')
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+_MAX_HEADER = 64 * 1024
+_MAX_ERROR_BODY = 4096
+_MAX_DOCUMENT = 1 << 20
+
+
+class ProbeError(Exception):
+    """The target cannot be used at all (unreachable, not an OpenAI server, bad URL)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    base_path: str  # "" or "/prefix", without a trailing /v1
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        text = url if "://" in url else f"http://{url}"
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise ValueError(f"URL {url!r}: bad port") from None
+        base = parts.path.rstrip("/")
+        base = base.removesuffix("/v1")
+        return cls(parts.scheme, parts.hostname, port, base)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}{self.base_path}"
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. ``total`` bounds one request; the others default to fractions of it."""
+
+    total: float = 300.0
+    connect: float = 10.0
+    first_byte: float | None = None  # default: total (server queueing can be long)
+    idle: float = 60.0
+
+    def effective(self) -> Timeouts:
+        return Timeouts(total=self.total, connect=min(self.connect, self.total),
+                        first_byte=min(self.first_byte or self.total, self.total), idle=min(self.idle, self.total))
+
+
+def _ssl_context(target: Target) -> ssl.SSLContext | None:
+    return ssl.create_default_context() if target.scheme == "https" else None
+
+
+# Kernel receive timestamps (Linux SO_TIMESTAMPNS; the generic value, used by x86-64, arm64 and riscv64): every
+# read carries the time its last packet reached the socket, so a busy event loop does not delay the client's clock.
+_SO_TIMESTAMPNS = 35 if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64", "riscv64") else None
+_TIMESPEC = struct.Struct("qq")
+_ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_READ_SIZE = 256 * 1024
+_BUFFER = bytearray(_READ_SIZE)
+_VIEW = memoryview(_BUFFER)
+_BUFFERS = [_BUFFER]
+
+
+class _SocketTransport:
+    """A plain-TCP transport for _Conn that reads with recvmsg to get the kernel's receive timestamp."""
+
+    __slots__ = ("loop", "sock", "fd", "conn", "closing", "pending", "stamped", "lags")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, conn: _Conn):
+        self.loop = loop
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.conn = conn
+        self.closing = False
+        self.pending = b""
+        self.stamped = 0  # reads that carried a kernel timestamp
+        self.lags = conn.client.lag_samples  # when measuring: how late the loop got to each read (seconds)
+        loop.add_reader(self.fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            size, ancillary, _, _ = self.sock.recvmsg_into(_BUFFERS, _ANC_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._shutdown(exc)
+            return
+        now = time.perf_counter()
+        if not size:
+            self._shutdown(None)
+            return
+        data = _VIEW[:size].tobytes()  # one shared buffer: no large allocation per read (single-threaded loop)
+        for level, kind, cdata in ancillary:
+            if kind == _SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(cdata) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(cdata)
+                age = time.time() - (sec + nsec * 1e-9)
+                if 0.0 <= age < 30.0:  # else a clock step: keep the loop's own time
+                    now -= age
+                    self.stamped += 1
+                    if self.lags is not None:
+                        self.lags.append(age)
+        self.conn.received(data, now)
+
+    def write(self, data: bytes) -> None:
+        if self.closing:
+            return
+        if self.pending:
+            self.pending += data
+            return
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._shutdown(exc)
+            return
+        if sent < len(data):
+            self.pending = data[sent:]
+            self.loop.add_writer(self.fd, self._writable)
+
+    def _writable(self) -> None:
+        try:
+            sent = self.sock.send(self.pending)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._shutdown(exc)
+            return
+        self.pending = self.pending[sent:]
+        if not self.pending:
+            self.loop.remove_writer(self.fd)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self._shutdown(None)
+
+    def abort(self) -> None:
+        self._shutdown(None)
+
+    def _shutdown(self, exc: Exception | None) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.loop.remove_reader(self.fd)
+        if self.pending:
+            self.loop.remove_writer(self.fd)
+            self.pending = b""
+        self.sock.close()
+        self.loop.call_soon(self.conn.connection_lost, exc)
+
+
+class _Conn(asyncio.Protocol):
+    """One kept-alive HTTP/1.1 connection and its current exchange, which fills a RequestRecord.
+
+    The hot path is data_received -> _dechunk -> _events. States: "active" (an exchange whose record is open),
+    "draining" (the record ended at ``data: [DONE]``; the rest of the body is read so that the connection can be
+    reused), "idle" (in the client's pool), "closed".
+    """
+
+    __slots__ = ("client", "transport", "state", "reused", "idle_since", "retry", "rec", "done", "stream", "last",
+                 "got_byte", "headers_done", "head", "chunked", "length", "keep_alive", "raw", "chunk_left", "skip",
+                 "complete", "sse", "body", "body_cap", "finished")
+
+    def __init__(self, client: ProbeClient):
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.state = "new"
+        self.reused = False
+        self.idle_since = 0.0
+        self.retry = False
+        self.rec: RequestRecord | None = None
+        self.done: asyncio.Future | None = None
+        self.stream = True
+        self.finished = True
+
+    def begin(self, rec: RequestRecord, done: asyncio.Future, stream: bool) -> None:
+        self.rec = rec
+        self.done = done
+        self.stream = stream
+        self.state = "active"
+        self.retry = False
+        self.last = 0.0
+        self.got_byte = False
+        self.headers_done = False
+        self.head = b""
+        self.chunked = False
+        self.length: int | None = None
+        self.keep_alive = False
+        self.raw = b""
+        self.chunk_left = 0
+        self.skip = 0
+        self.complete = False
+        self.sse = b""
+        self.body = bytearray()
+        self.body_cap = _MAX_ERROR_BODY if stream else _MAX_DOCUMENT
+        self.finished = False
+
+    # -- asyncio callbacks --------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received(data, time.perf_counter())
+
+    def received(self, data: bytes, now: float) -> None:
+        """Bytes that arrived at ``now`` (perf_counter; the kernel's receive time on the plain-TCP path)."""
+        self.last = now
+        if self.state != "active":
+            if self.state == "draining":
+                self._drain(data, now)
+            else:
+                self._close()  # bytes nobody asked for: the connection is no longer in a known state
+            return
+        self.got_byte = True
+        if not self.headers_done:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.head) > _MAX_HEADER:
+                    self.fail(ErrorClass.PROTOCOL, "response headers too large", now)
+                return
+            data = self.head[end + 4:]
+            if not self._parse_head(self.head[:end], now):
+                return
+            self.head = b""
+            if not data:
+                if self.length == 0:
+                    self.complete = True
+                    self._body_complete(now)
+                return
+        if self.chunked:
+            data = self._dechunk(data, now)
+            if data is None:
+                return
+        elif self.length is not None:
+            self.length -= len(data)
+            if self.length <= 0:
+                self.complete = True
+        if data:
+            if self.stream and self.rec.status == 200:  # type: ignore[union-attr]
+                self._events(data, now)
+            else:
+                self.body += data[: max(0, self.body_cap - len(self.body))]
+        if self.complete and not self.finished:
+            self._body_complete(now)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost finishes the request
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        state = self.state
+        self.state = "closed"
+        if state != "active" or self.finished:
+            return
+        now = time.perf_counter()
+        if not self.headers_done:
+            if self.reused and not self.got_byte:
+                self.retry = True  # the server had closed this kept-alive connection: try a fresh one
+            detail = f"connection closed before a response ({exc})" if exc else "connection closed before a response"
+            self.fail(ErrorClass.CONNECTION, detail, now)
+        elif exc is not None or self.chunked or (self.length is not None and self.length > 0):
+            self.fail(ErrorClass.CONNECTION, f"connection lost mid-response ({exc or 'incomplete body'})", now)
+        else:
+            self.complete = True
+            self._body_complete(now)  # close-delimited body
+
+    # -- parsing --------------------------------------------------------------------------------------------
+
+    def _parse_head(self, head: bytes, now: float) -> bool:
+        lines = head.split(b"\r\n")
+        status_line = lines[0].split(None, 2)
+        try:
+            if not status_line[0].startswith(b"HTTP/"):
+                raise ValueError
+            status = int(status_line[1])
+        except (IndexError, ValueError):
+            self.fail(ErrorClass.PROTOCOL, f"not an HTTP response: {lines[0][:60]!r}", now)
+            return False
+        self.rec.status = status  # type: ignore[union-attr]
+        keep_alive = status_line[0] == b"HTTP/1.1"
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                self.chunked = True
+            elif name == b"content-length":
+                try:
+                    self.length = int(value.strip())
+                except ValueError:
+                    self.fail(ErrorClass.PROTOCOL, "bad Content-Length", now)
+                    return False
+            elif name == b"connection":
+                keep_alive = b"close" not in value.lower() and (keep_alive or b"keep-alive" in value.lower())
+        if self.chunked:
+            self.length = None
+        self.keep_alive = keep_alive and (self.chunked or self.length is not None)
+        self.headers_done = True
+        return True
+
+    def _dechunk(self, data: bytes, now: float) -> bytes | None:
+        raw = self.raw + data if self.raw else data
+        out: list[bytes] = []
+        pos = 0
+        size_raw = len(raw)
+        while pos < size_raw:
+            if self.chunk_left:
+                take = min(self.chunk_left, size_raw - pos)
+                out.append(raw[pos:pos + take])
+                pos += take
+                self.chunk_left -= take
+                if not self.chunk_left:
+                    self.skip = 2
+                continue
+            if self.skip:
+                take = min(self.skip, size_raw - pos)
+                pos += take
+                self.skip -= take
+                continue
+            eol = raw.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            try:
+                size = int(raw[pos:eol].split(b";", 1)[0], 16)
+            except ValueError:
+                self.fail(ErrorClass.PROTOCOL, "bad chunked encoding", now)
+                return None
+            if size == 0:  # the last chunk: optional trailer lines, then an empty line
+                if raw.find(b"\r\n\r\n", eol) < 0:
+                    break  # keep "0\r\n..." until the rest arrives
+                self.complete = True
+                pos = size_raw
+                break
+            pos = eol + 2
+            self.chunk_left = size
+        self.raw = raw[pos:] if pos < size_raw else b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _drain(self, data: bytes, now: float) -> None:
+        if self.chunked:
+            if self._dechunk(data, now) is None:
+                return
+        elif self.length is not None:
+            self.length -= len(data)
+            self.complete = self.length <= 0
+        if self.complete:
+            self._release(now)
+
+    def _events(self, data: bytes, now: float) -> None:
+        sse = self.sse + data if self.sse else data
+        if b"\r" in sse:
+            sse = sse.replace(b"\r\n", b"\n")
+        start = 0
+        while True:
+            end = sse.find(b"\n\n", start)
+            if end < 0:
+                break
+            event = sse[start:end]
+            start = end + 2
+            if event.startswith(b"data: ") and b"\n" not in event:
+                payload = event[6:]
+            else:
+                payload = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+                if not payload:
+                    continue  # comment / keep-alive / other fields
+            match = _CHOICES.search(payload)
+            if match is not None and not match.group(1):
+                self.rec.chunk_times.append(now)  # type: ignore[union-attr]
+                if _USAGE_OBJECT.search(payload) is not None:
+                    self._usage(payload, now)
+            elif payload.strip() == b"[DONE]":
+                self.sse = b""
+                self._finish(now)
+                return
+            else:
+                self._other(payload, now)
+            if self.finished:
+                return
+        self.sse = sse[start:] if start < len(sse) else b""
+
+    def _usage(self, payload: bytes, now: float) -> None:
+        try:
+            usage = json.loads(payload).get("usage")
+        except (ValueError, AttributeError):
+            self.fail(ErrorClass.PROTOCOL, "malformed JSON in the stream", now)
+            return
+        if isinstance(usage, dict):
+            completion = usage.get("completion_tokens")
+            prompt = usage.get("prompt_tokens")
+            if isinstance(completion, int):
+                self.rec.output_tokens = completion  # type: ignore[union-attr]
+            if isinstance(prompt, int) and prompt > 0:
+                self.rec.prompt_tokens = prompt  # type: ignore[union-attr]
+
+    def _other(self, payload: bytes, now: float) -> None:
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            self.fail(ErrorClass.PROTOCOL, f"malformed SSE message: {payload[:80]!r}", now)
+            return
+        if not isinstance(obj, dict):
+            self.fail(ErrorClass.PROTOCOL, f"unexpected SSE message: {payload[:80]!r}", now)
+            return
+        error = obj.get("error")
+        if error is not None or obj.get("object") == "error":
+            info = error if isinstance(error, dict) else obj
+            code = info.get("code")
+            message = str(info.get("message") or error)[:200]
+            cls = ErrorClass.PROTOCOL
+            if isinstance(code, int) and 400 <= code < 500:
+                cls = ErrorClass.HTTP_4XX
+            elif isinstance(code, int) and code >= 500:
+                cls = ErrorClass.HTTP_5XX
+            self.fail(cls, f"error in stream: {message}", now)
+            return
+        if isinstance(obj.get("usage"), dict):
+            self._usage(payload, now)
+
+    # -- endings --------------------------------------------------------------------------------------------
+
+    def _body_complete(self, now: float) -> None:
+        status = self.rec.status or 0  # type: ignore[union-attr]
+        if status != 200:
+            self.fail(ErrorClass.HTTP_4XX if 400 <= status < 500 else
+                      ErrorClass.HTTP_5XX if status >= 500 else ErrorClass.PROTOCOL,
+                      f"HTTP {status}: {_error_message(bytes(self.body))}", now, reusable=True)
+            return
+        if self.stream and self.sse.strip():
+            self._events(b"\n\n", now)  # a last event without its blank line
+            if self.finished:
+                return
+        self._finish(now)
+
+    def _end(self, now: float, reusable: bool) -> None:
+        self.finished = True
+        self.rec.end = now  # type: ignore[union-attr]
+        done = self.done
+        if reusable and self.keep_alive and self.state == "active":
+            if self.complete:
+                self._release(now)
+            else:
+                self.state = "draining"
+                self.idle_since = now
+                self.client._draining.add(self)
+        else:
+            self._abort()
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def _finish(self, now: float) -> None:
+        if self.finished:
+            return
+        rec = self.rec
+        if self.stream and rec.status == 200 and not rec.chunk_times:  # type: ignore[union-attr]
+            rec.error = ErrorClass.PROTOCOL  # type: ignore[union-attr]  # vLLM: "Never received a valid chunk"
+            rec.error_detail = "the stream ended without a choice-bearing message"  # type: ignore[union-attr]
+        self._end(now, True)
+
+    def fail(self, cls: ErrorClass, detail: str, now: float | None = None, reusable: bool = False) -> None:
+        if self.finished:
+            return
+        self.rec.error = cls  # type: ignore[union-attr]
+        self.rec.error_detail = detail  # type: ignore[union-attr]
+        self._end(time.perf_counter() if now is None else now, reusable)
+
+    def cancel(self) -> None:
+        if self.finished:
+            return
+        self.rec.cancelled = True  # type: ignore[union-attr]
+        self._end(time.perf_counter(), False)
+
+    def _release(self, now: float) -> None:
+        self.client._draining.discard(self)
+        if self.transport is None or self.transport.is_closing():
+            self._abort()
+            return
+        self.state = "idle"
+        self.idle_since = now
+        self.rec = None
+        self.done = None
+        self.client._idle.append(self)
+
+    def _close(self) -> None:
+        self.client._draining.discard(self)
+        self.state = "closed"
+        if self.transport is not None:
+            self.transport.close()
+
+    def _abort(self) -> None:
+        self.client._draining.discard(self)
+        self.state = "closed"
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+        if isinstance(obj, dict):
+            inner = obj.get("error", obj)
+            if isinstance(inner, dict):
+                text = str(inner.get("message") or inner.get("detail") or inner)
+            else:
+                text = str(obj.get("message") or obj.get("detail") or inner)
+    except ValueError:
+        pass
+    return " ".join(text.split())[:200] or "(empty body)"
+
+
+class ProbeClient:
+    """Sends requests to one target over a pool of kept-alive connections (as aiohttp does for vLLM's bench), and
+    owns the watchdog that enforces the per-request timeouts.
+
+    A connection idle for more than ``max_idle`` seconds is closed rather than reused (uvicorn, which serves vLLM,
+    closes idle connections after 5 s); should the server still have closed a reused connection before answering,
+    the request is sent once more on a fresh connection with its clock restarted.
+    """
+
+    def __init__(self, target: Target, *, api_key: str | None = None, timeouts: Timeouts = Timeouts(),
+                 max_idle: float = 2.0, kernel_timestamps: bool = True, lag_samples: list[float] | None = None):
+        self.target = target
+        self.timeouts = timeouts.effective()
+        self.max_idle = max_idle
+        self._ssl = _ssl_context(target)
+        self._inflight: set[_Conn] = set()
+        self._draining: set[_Conn] = set()
+        self._idle: list[_Conn] = []
+        self._watchdog: asyncio.Task | None = None
+        self._addresses: list[Any] | None = None
+        self.lag_samples = lag_samples
+        self.kernel_timestamps = _SO_TIMESTAMPNS is not None and _ANC_SIZE > 0 and kernel_timestamps
+        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        self._common = f"Host: {target.host_header}\r\nUser-Agent: dsctl-probe\r\n{auth}".encode("latin-1")
+
+    async def __aenter__(self) -> ProbeClient:
+        tick = max(0.02, min(0.25, min(self.timeouts.idle, self.timeouts.first_byte or 1.0) / 10))
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch(tick))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel_all()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        for conn in self._idle + list(self._draining):
+            conn._abort()
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports close
+
+    async def _watch(self, tick: float) -> None:
+        t = self.timeouts
+        while True:
+            await asyncio.sleep(tick)
+            now = time.perf_counter()
+            for conn in list(self._inflight):
+                if conn.finished:
+                    continue
+                sent = conn.rec.sent  # type: ignore[union-attr]
+                if now - sent > t.total:
+                    conn.fail(ErrorClass.TIMEOUT, f"request exceeded the {t.total:g} s total timeout", now)
+                elif not conn.got_byte:
+                    if now - sent > t.first_byte:  # type: ignore[operator]
+                        conn.fail(ErrorClass.TIMEOUT, f"no response within {t.first_byte:g} s", now)
+                elif now - conn.last > t.idle:
+                    conn.fail(ErrorClass.TIMEOUT, f"stream idle for {t.idle:g} s", now)
+            for conn in list(self._draining):
+                if now - max(conn.idle_since, conn.last) > min(t.idle, 5.0):
+                    conn._abort()
+            if self._idle and now - self._idle[0].idle_since > self.max_idle:
+                keep = [c for c in self._idle if now - c.idle_since <= self.max_idle and c.state == "idle"]
+                for conn in self._idle:
+                    if conn not in keep:
+                        conn._close()
+                self._idle[:] = keep
+
+    def cancel_all(self) -> None:
+        for conn in list(self._inflight):
+            conn.cancel()
+
+    def _request_bytes(self, method: str, path: str, body: bytes | None, request_id: str | None) -> bytes:
+        head = f"{method} {self.target.base_path}{path} HTTP/1.1\r\n".encode("latin-1") + self._common
+        if request_id:
+            head += f"x-request-id: {request_id}\r\n".encode("latin-1")
+        if body is None:
+            return head + b"Accept: application/json\r\n\r\n"
+        return (head + b"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body)
+
+    async def _connection(self, fresh: bool) -> _Conn:
+        now = time.perf_counter()
+        while self._idle and not fresh:
+            conn = self._idle.pop()
+            if conn.state == "idle" and now - conn.idle_since <= self.max_idle and conn.transport is not None \
+                    and not conn.transport.is_closing():
+                conn.reused = True
+                return conn
+            conn._close()
+        loop = asyncio.get_running_loop()
+        conn = _Conn(self)
+        if self._ssl is not None or not self.kernel_timestamps:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, self.target.host, self.target.port, ssl=self._ssl),
+                self.timeouts.connect)
+        else:
+            await asyncio.wait_for(self._open_socket(loop, conn), self.timeouts.connect)
+        return conn
+
+    async def _open_socket(self, loop: asyncio.AbstractEventLoop, conn: _Conn) -> None:
+        if self._addresses is None:
+            self._addresses = await loop.getaddrinfo(self.target.host, self.target.port, type=socket.SOCK_STREAM)
+        error: OSError | None = None
+        for family, kind, proto, _, address in self._addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)  # type: ignore[arg-type]
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            conn.connection_made(_SocketTransport(loop, sock, conn))  # type: ignore[arg-type]
+            return
+        raise error or OSError(f"no address for {self.target.host}")
+
+    async def send(self, rec: RequestRecord, path: str, body: bytes | None, *, stream: bool = True,
+                   method: str = "POST") -> bytes | None:
+        """Run one request to completion (or failure); the record carries the outcome. Never raises on I/O.
+        Returns the response body of a non-streaming request (up to 1 MiB)."""
+        loop = asyncio.get_running_loop()
+        payload = self._request_bytes(method, path, body, rec.request_id)
+        rec.sent = time.perf_counter()
+        for attempt in (0, 1):
+            try:
+                conn = await self._connection(fresh=attempt > 0)
+            except TimeoutError:
+                rec.error, rec.error_detail = ErrorClass.TIMEOUT, f"connect timed out after {self.timeouts.connect:g} s"
+                rec.end = time.perf_counter()
+                return None
+            except OSError as exc:
+                rec.error, rec.error_detail = ErrorClass.CONNECTION, _os_error(exc)
+                rec.end = time.perf_counter()
+                return None
+            done: asyncio.Future = loop.create_future()
+            conn.begin(rec, done, stream)
+            self._inflight.add(conn)
+            try:
+                conn.transport.write(payload)  # type: ignore[union-attr]
+                await done
+            except asyncio.CancelledError:
+                conn.cancel()
+                raise
+            finally:
+                self._inflight.discard(conn)
+            if conn.retry and attempt == 0 and not rec.cancelled:
+                rec.error, rec.error_detail, rec.status, rec.end = None, "", None, math.nan
+                rec.chunk_times.clear()
+                rec.sent = time.perf_counter()
+                continue
+            return None if stream else bytes(conn.body)
+        return None
+
+    async def get_json(self, path: str, timeout: float | None = None) -> tuple[int, Any]:
+        """GET a small JSON document. Raises ProbeError on connection trouble or timeout."""
+        rec = RequestRecord(request_id="", scheduled=time.perf_counter())
+        limit = min(timeout or self.timeouts.connect, self.timeouts.total)
+        try:
+            body = await asyncio.wait_for(self.send(rec, path, None, stream=False, method="GET"), limit + 1.0)
+        except TimeoutError:
+            raise ProbeError(f"{self.target.url}{path}: no answer within {limit:g} s") from None
+        if rec.error in (ErrorClass.CONNECTION, ErrorClass.TIMEOUT) or rec.status is None:
+            raise ProbeError(f"cannot reach {self.target.url}: {rec.error_detail}")
+        try:
+            return rec.status, json.loads(body) if body else None
+        except ValueError:
+            return rec.status, None
+
+
+def _os_error(exc: OSError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return (exc.strerror or str(exc) or type(exc).__name__).strip()
+
+
+# -- the load driver ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """How requests are released. ``schedule`` (seconds from start) for an open loop, else a closed loop of
+    ``concurrency`` workers. ``concurrency`` also caps an open loop (a semaphore; waiting is client queue time)."""
+
+    schedule: list[float] | None
+    concurrency: int | None
+    requests: int | None
+    duration: float | None
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    warmup: list[RequestRecord]
+    duration: float  # measured phase: start -> last response ended (or the stop)
+    started_wall: float  # time.time() at the measured start
+    perf_to_wall: float  # add to a perf_counter() value to get time.time() (at the start)
+    perf_to_wall_end: float = math.nan  # the same offset at the end (the two clocks may drift apart)
+    stopped: str | None = None  # early-stop reason
+    backstop_hit: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# body(index) -> (body bytes, planned prompt tokens); index < 0 marks warm-up requests.
+BodyFactory = Callable[[int], tuple[bytes, int]]
+
+
+class ProbeRun:
+    """Drives one probe: optional warm-up, then the measured phase. ``on_finish(record)`` is called for each
+    measured request that ends; call ``stop(reason)`` (e.g. from it) to end the probe early."""
+
+    def __init__(self, client: ProbeClient, path: str, body: BodyFactory, load: Load, *, warmup: int = 0,
+                 on_finish: Callable[[RequestRecord], None] | None = None, run_id: str | None = None):
+        self.client = client
+        self.path = path
+        self.body = body
+        self.load = load
+        self.warmup = warmup
+        self.on_finish = on_finish
+        self.run_id = run_id or os.urandom(4).hex()
+        self.stopped: str | None = None
+        self._stop = asyncio.Event()
+        self._waiter: asyncio.Future | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            self._stop.set()
+            if self._waiter is not None:
+                _resolve(self._waiter)
+            self.client.cancel_all()
+
+    async def _wait_until(self, due: float) -> bool:
+        """Sleep until ``due`` (perf_counter) or a stop; False on stop. The selector's timeouts have a 1 ms
+        granularity, so the last millisecond is spent yielding to the loop instead of sleeping."""
+        loop = asyncio.get_running_loop()
+        while True:
+            delay = due - time.perf_counter()
+            if self._stop.is_set():
+                return False
+            if delay <= 0:
+                return True
+            if delay <= _SPIN:
+                await asyncio.sleep(0)
+                continue
+            waiter = loop.create_future()
+            self._waiter = waiter
+            handle = loop.call_later(delay - _SPIN, _resolve, waiter)
+            try:
+                await waiter
+            finally:
+                handle.cancel()
+                self._waiter = None
+
+    async def _one(self, rec: RequestRecord, body: bytes, sem: asyncio.Semaphore | None, measured: bool) -> None:
+        if sem is not None:
+            async with sem:
+                if self._stop.is_set():
+                    rec.cancelled = True
+                    return
+                await self.client.send(rec, self.path, body)
+        else:
+            await self.client.send(rec, self.path, body)
+        if measured and self.on_finish is not None and not rec.cancelled:
+            self.on_finish(rec)
+
+    async def _warmup(self) -> list[RequestRecord]:
+        if self.warmup <= 0:
+            return []
+        width = max(1, min(self.warmup, self.load.concurrency or self.warmup))
+        records: list[RequestRecord] = []
+        counter = iter(range(self.warmup))
+
+        async def worker() -> None:
+            for i in counter:
+                body, planned = self.body(-1 - i)
+                rec = RequestRecord(f"probe-{self.run_id}-warmup-{i}", scheduled=time.perf_counter(),
+                                    prompt_tokens=planned)
+                records.append(rec)
+                await self.client.send(rec, self.path, body)
+
+        await asyncio.gather(*(worker() for _ in range(width)))
+        return records
+
+    async def run(self, backstop: float | None = None) -> RunResult:
+        warm = await self._warmup()
+        records: list[RequestRecord] = []
+        loop = asyncio.get_running_loop()
+        perf0 = time.perf_counter()
+        wall0 = time.time()
+        start = perf0
+        load = self.load
+        backstop_hit = False
+
+        async def open_loop() -> None:
+            assert load.schedule is not None
+            sem = asyncio.Semaphore(load.concurrency) if load.concurrency else None
+            for i, offset in enumerate(load.schedule):
+                if self._stop.is_set():
+                    break
+                body, planned = self.body(i)  # built before the wait, off the critical path
+                due = start + offset
+                if not await self._wait_until(due):
+                    break
+                rec = RequestRecord(f"probe-{self.run_id}-{i}", scheduled=due, prompt_tokens=planned)
+                records.append(rec)
+                task = loop.create_task(self._one(rec, body, sem, True))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+        async def closed_loop() -> None:
+            deadline = start + load.duration if load.duration is not None else math.inf
+            counter = iter(range(load.requests) if load.requests is not None else _count())
+
+            async def worker() -> None:
+                for i in counter:
+                    if self._stop.is_set():
+                        return
+                    body, planned = self.body(i)
+                    now = time.perf_counter()
+                    if now > deadline:
+                        return
+                    rec = RequestRecord(f"probe-{self.run_id}-{i}", scheduled=now, prompt_tokens=planned)
+                    records.append(rec)
+                    await self._one(rec, body, None, True)
+
+            await asyncio.gather(*(worker() for _ in range(load.concurrency or 1)))
+
+        main = open_loop() if load.schedule is not None else closed_loop()
+        try:
+            if backstop is not None:
+                await asyncio.wait_for(main, backstop)
+            else:
+                await main
+        except TimeoutError:
+            backstop_hit = True
+            self.client.cancel_all()
+            now = time.perf_counter()
+            for rec in records:  # what the backstop cut short timed out; it was not the probe's own choice
+                if rec.error is None and (rec.cancelled or math.isnan(rec.end)) and self.stopped is None:
+                    rec.cancelled = False
+                    rec.error = ErrorClass.TIMEOUT
+                    rec.error_detail = "the probe's overall time limit ended the request"
+                    rec.end = now
+        ended = [r.end for r in records if not math.isnan(r.end)]
+        end = time.perf_counter() if self.stopped or backstop_hit or not ended else max(ended)
+        # vLLM's duration runs from the start of the schedule to the end of the last request
+        return RunResult(records=records, warmup=warm, duration=max(0.0, end - start), started_wall=wall0,
+                         perf_to_wall=wall0 - perf0, perf_to_wall_end=time.time() - time.perf_counter(),
+                         stopped=self.stopped, backstop_hit=backstop_hit)
+
+
+_SPIN = 0.0015  # seconds before a release time when the dispatcher stops sleeping and yields instead
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _count():
+    i = 0
+    while True:
+        yield i
+        i += 1

@@ -1,0 +1,407 @@
+"""Roofline performance model of one serving deployment (pure; profiles from dsctl/data/profiles.yaml).
+
+Used by ``dsctl estimate`` and by the lab's emulated engine, so both predict the same times from the same
+numbers. Every time is a roofline: the larger of "bytes moved / HBM bandwidth" and "FLOPs / compute",
+scaled by the efficiency factors, plus fixed per-step overheads. Units: seconds, bytes, FLOPs.
+
+Formulas (N = new tokens, P = tokens already in the context, L = layers, A = ``Model.attn_dim``):
+
+* FLOPs of a forward pass = 2 x active params x tokens (every token runs the active weights once)
+  + attention: prefill 4 x L x A x (N x P + N(N+1)/2) (causal: token i attends to P + i tokens),
+  decode 4 x L x A x KV tokens read (x the KV keep fraction). ``A = heads x (d_qk + d_v) / 2`` because
+  QK^T and AV cost 2 x heads x d_qk + 2 x heads x d_v FLOPs per attended pair; for MLA prefill this is the
+  un-absorbed form vLLM uses (d_qk = 192, d_v = 128). At 128K tokens this term dominates DeepSeek-V3's prefill:
+  4.3e16 FLOPs of attention against 9.7e15 for the weights. Cross-check: 3 x (2 x 37e9 + attention at 4K)
+  = 253 GFLOP per training token, DeepSeek quotes 250 (arXiv 2505.09343).
+* Bytes of a step, per chip = the weights the step's tokens touch / chips + the KV it reads / KV shards.
+  Dense models touch all weights. A MoE token touches the always-active weights and k of E routed experts,
+  so a batch of B tokens touches 1 - (1 - k/E)^B of the routed weights (expected union): batch 1 reads the
+  "active" parameters, a large batch reads nearly all of them.
+* KV cache: MLA keeps one latent per token and layer that cannot be split over tensor-parallel ranks (every
+  rank stores all of it), GQA splits over at most ``kv_heads`` ranks; hence ``kv_shards = min(chips, kv_heads)``.
+* Memory per chip: HBM x utilisation = weights / chips + workspace + KV. What is left for KV decides the
+  capacity; vLLM's start-up checks decide the failure and its wording (`check_fits`).
+
+Not modelled: communication volume (only a fixed per-layer latency when chips > 1), chunking of long prefills
+into several steps (one step overhead per prefill), prefix caching, speculative decoding, pipeline parallelism.
+Tensor parallelism is assumed to scale perfectly, so chip counts derived from it are lower bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from dsctl import data
+from dsctl.errors import UsageError
+
+GB = 1e9
+GIB = float(1 << 30)
+MIB = float(1 << 20)
+KV_DTYPE_BYTES = 2  # the default KV cache dtype is bf16; Model.kv_bytes_per_token is at this dtype
+
+# kv_keep_fraction(): share of KV pairs that always survive sparsification (attention sinks and the recent
+# window that sparse-attention schemes keep unconditionally). Inferred; no public tool tunes this knob
+# (serving-and-tuning.md s.9.5), so the shape is a model, not a measurement.
+KV_KEEP_FLOOR = 0.05
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    hbm_gb: float
+    hbm_bandwidth_gbs: float
+    fp16_tflops: float
+    source: str
+    vendor: str = "ascend"   # "ascend" or "cuda": whose out-of-memory wording a failed load prints
+    int8_tops: float = 0.0   # dense INT8 peak for W8A8 weights; 0 = use the FP16 peak
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    total_params_b: float
+    active_params_b: float
+    layers: int
+    attn_dim: int
+    kv_bytes_per_token: int  # at the default KV dtype (bf16), summed over all layers
+    max_model_len: int
+    source: str
+    kv_heads: int | None = None  # ranks the KV cache splits over; None = any group size (MLA: 1)
+    experts: int = 0             # routed experts per MoE layer; 0 = dense
+    experts_per_token: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0 and self.experts_per_token > 0
+
+    @property
+    def always_active_params_b(self) -> float:
+        """Parameters every token uses (attention, dense layers, shared experts, embeddings).
+
+        Derived from total = always + routed and active = always + routed x k/E, because the profiles give
+        only total and active counts, as the model cards do.
+        """
+        if not self.is_moe:
+            return self.active_params_b
+        share = self.experts_per_token / self.experts
+        return (self.active_params_b - self.total_params_b * share) / (1 - share)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    compute: float        # achieved / peak FLOP/s in prefill
+    bandwidth: float      # achieved / peak HBM bandwidth in decode
+    workspace_gb: float   # per chip, besides weights and KV
+    load_gbs: float       # weight loading at start-up, aggregate
+    init_s: float = 0.0             # fixed start-up work besides loading
+    step_overhead_ms: float = 0.0   # per engine step
+    comm_ms_per_layer: float = 0.0  # per layer and step, only when chips > 1
+
+
+def _efficiency(raw: dict[str, Any]) -> Efficiency:
+    return Efficiency(
+        compute=float(raw["compute"]), bandwidth=float(raw["bandwidth"]), workspace_gb=float(raw["workspace_gb"]),
+        load_gbs=float(raw["load_gbs"]), init_s=float(raw.get("init_s", 0.0)),
+        step_overhead_ms=float(raw.get("step_overhead_ms", 0.0)),
+        comm_ms_per_layer=float(raw.get("comm_ms_per_layer", 0.0)),
+    )
+
+
+DEFAULT_EFFICIENCY = _efficiency(data.load("profiles")["efficiency"])
+
+
+@dataclass(frozen=True)
+class Deployment:
+    chip: Chip
+    model: Model
+    chips: int = 1                      # tensor-parallel group size
+    memory_utilization: float = 0.9     # --gpu-memory-utilization
+    weight_bytes: float = 2.0           # per parameter
+    kv_keep_fraction: float = 1.0       # from kv_sparse_threshold, see kv_keep_fraction()
+    efficiency: Efficiency = DEFAULT_EFFICIENCY
+
+    def __post_init__(self) -> None:
+        if self.chips < 1:
+            raise UsageError(f"chips must be at least 1, got {self.chips}")
+        if not 0 < self.memory_utilization <= 1:
+            raise UsageError(f"gpu_memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        if self.weight_bytes <= 0:
+            raise UsageError(f"weight bytes per parameter must be positive, got {self.weight_bytes}")
+        if not 0 < self.kv_keep_fraction <= 1:
+            raise UsageError(f"kv_keep_fraction must be in (0, 1], got {self.kv_keep_fraction}")
+
+
+class DoesNotFit(Exception):
+    """The deployment cannot start; the message is what the real engine prints.
+
+    ``reason``: "weights" (loading runs out of HBM: torch_npu / torch OOM), "no_cache_memory" (weights and
+    workspace leave nothing for KV) or "max_model_len" (KV holds fewer tokens than one full-length request).
+    ``capacity_tokens``: KV capacity the engine computed (0 when it never got that far).
+    """
+
+    def __init__(self, message: str, *, reason: str, capacity_tokens: int = 0):
+        super().__init__(message)
+        self.reason = reason
+        self.capacity_tokens = capacity_tokens
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def _chip(name: str, raw: dict[str, Any]) -> Chip:
+    return Chip(name=name, hbm_gb=float(raw["hbm_gb"]), hbm_bandwidth_gbs=float(raw["hbm_bandwidth_gbs"]),
+                fp16_tflops=float(raw["fp16_tflops"]), source=str(raw["source"]).strip(),
+                vendor=str(raw.get("vendor", "ascend")), int8_tops=float(raw.get("int8_tops", 0.0)))
+
+
+def _model(name: str, raw: dict[str, Any]) -> Model:
+    layers = int(raw["layers"])
+    attn_dim = int(raw["num_heads"]) * (int(raw["qk_head_dim"]) + int(raw["v_head_dim"])) // 2
+    kv = raw["kv"]
+    if kv["kind"] == "gqa":   # separate K and V per KV head
+        kv_heads = int(kv["kv_heads"])
+        kv_bytes = 2 * layers * kv_heads * int(kv["head_dim"]) * KV_DTYPE_BYTES
+    elif kv["kind"] == "mla":  # one compressed latent plus the decoupled RoPE key, shared by K and V
+        kv_heads = 1
+        kv_bytes = layers * (int(kv["kv_lora_rank"]) + int(kv["qk_rope_head_dim"])) * KV_DTYPE_BYTES
+    else:
+        raise ValueError(f"profiles.yaml: model {name}: unknown kv kind {kv['kind']!r}")
+    return Model(name=name, total_params_b=float(raw["total_params_b"]), active_params_b=float(raw["active_params_b"]),
+                 layers=layers, attn_dim=attn_dim, kv_bytes_per_token=kv_bytes, max_model_len=int(raw["max_model_len"]),
+                 source=str(raw["source"]).strip(), kv_heads=kv_heads, experts=int(raw.get("experts", 0)),
+                 experts_per_token=int(raw.get("experts_per_token", 0)))
+
+
+@cache
+def _profiles() -> tuple[dict[str, Chip], dict[str, Model], Efficiency]:
+    raw = data.load("profiles")
+    chips = {name.lower(): _chip(name, spec) for name, spec in raw["chips"].items()}
+    models = {name.lower(): _model(name, spec) for name, spec in raw["models"].items()}
+    return chips, models, _efficiency(raw["efficiency"])
+
+
+def load_profiles() -> tuple[dict[str, Chip], dict[str, Model], Efficiency]:
+    """Chips and models keyed by lower-case canonical name, and the default efficiency factors."""
+    chips, models, efficiency = _profiles()
+    return dict(chips), dict(models), efficiency
+
+
+def _lookup(kind: str, name: str, table: dict[str, Any], section: dict[str, Any]) -> Any:
+    key = name.strip().lower()
+    if key in table:
+        return table[key]
+    for canonical, spec in section.items():
+        if key in (alias.lower() for alias in spec.get("aliases", ())):
+            return table[canonical.lower()]
+    raise UsageError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(section)} "
+                     f"(aliases in dsctl/data/profiles.yaml)")
+
+
+def chip_by_name(name: str) -> Chip:
+    return _lookup("chip", name, _profiles()[0], data.load("profiles")["chips"])
+
+
+def model_by_name(name: str) -> Model:
+    return _lookup("model", name, _profiles()[1], data.load("profiles")["models"])
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def weights_bytes(d: Deployment) -> float:
+    """All weights, summed over the group (each chip holds 1/chips of them)."""
+    return d.model.total_params_b * GB * d.weight_bytes
+
+
+def kv_shards(d: Deployment) -> int:
+    """How many ways the KV cache splits over the group (the rest of the ranks hold copies)."""
+    return d.chips if d.model.kv_heads is None else max(1, min(d.chips, d.model.kv_heads))
+
+
+def kv_bytes_per_token_per_chip(d: Deployment) -> float:
+    return d.model.kv_bytes_per_token * d.kv_keep_fraction / kv_shards(d)
+
+
+def kv_budget_bytes_per_chip(d: Deployment) -> float:
+    """HBM each chip has left for KV after weights and workspace; <= 0 means nothing."""
+    return (d.chip.hbm_gb * GB * d.memory_utilization - weights_bytes(d) / d.chips
+            - d.efficiency.workspace_gb * GB)
+
+
+def kv_capacity_tokens(d: Deployment) -> int:
+    """Tokens the KV cache holds; <= 0 means it does not fit.
+
+    (HBM x util - weights / chips - workspace) per chip / KV bytes per token per chip. When the KV cache
+    splits over every rank this is (HBM x chips x util - weights - workspace x chips) / (KV bytes x keep).
+    """
+    return math.floor(kv_budget_bytes_per_chip(d) / kv_bytes_per_token_per_chip(d))
+
+
+def _oom_message(d: Deployment) -> str:
+    # Loading fills HBM layer by layer; the allocation that fails is the next layer's shard.
+    per_chip = weights_bytes(d) / d.chips
+    capacity = d.chip.hbm_gb * GB
+    shard = per_chip / d.model.layers
+    allocated = math.floor(capacity / shard) * shard if shard < capacity else 0.0
+    free = capacity - allocated
+    if d.chip.vendor == "cuda":
+        return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {shard / GIB:.2f} GiB. GPU 0 has a "
+                f"total capacity of {capacity / GIB:.2f} GiB of which {free / MIB:.2f} MiB is free. Of the allocated "
+                f"memory {allocated / GIB:.2f} GiB is allocated by PyTorch")
+    # torch_npu's wording (vllm-project/vllm-ascend#1127, #19)
+    return (f"RuntimeError: NPU out of memory. Tried to allocate {shard / GIB:.2f} GiB (NPU 0; {capacity / GIB:.2f} "
+            f"GiB total capacity; {allocated / GIB:.2f} GiB already allocated; {allocated / GIB:.2f} GiB current "
+            f"active; {free / MIB:.2f} MiB free; {allocated / GIB:.2f} GiB reserved in total by PyTorch) If reserved "
+            f"memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.")
+
+
+# vLLM V1's start-up checks (vllm/v1/core/kv_cache_utils.py; the wording in vllm-project/vllm#2248, #14574 and
+# the V1 "To serve at least one request" reports). V0 said instead "The model's max seq len (X) is larger than
+# the maximum number of tokens that can be stored in KV cache (Y)"; vllm-ascend is V1-only now.
+NO_CACHE_MEMORY = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                   "when initializing the engine.")
+
+
+def check_fits(d: Deployment, max_model_len: int | None = None) -> int:
+    """KV capacity in tokens, or DoesNotFit in the engine's words when the engine would refuse to start."""
+    needed_len = d.model.max_model_len if max_model_len is None else max_model_len
+    if weights_bytes(d) / d.chips > d.chip.hbm_gb * GB:
+        raise DoesNotFit(_oom_message(d), reason="weights")
+    budget = kv_budget_bytes_per_chip(d)
+    if budget <= 0:
+        raise DoesNotFit(NO_CACHE_MEMORY, reason="no_cache_memory")
+    capacity = kv_capacity_tokens(d)
+    if capacity < needed_len:
+        needed = needed_len * kv_bytes_per_token_per_chip(d)
+        raise DoesNotFit(
+            f"ValueError: To serve at least one request with the model's max seq len ({needed_len}), "
+            f"{needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({budget / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+            f"{capacity}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            f"initializing the engine.",
+            reason="max_model_len", capacity_tokens=capacity)
+    return capacity
+
+
+def min_chips_to_fit(d: Deployment, max_model_len: int | None = None, limit: int = 4096) -> int | None:
+    """Smallest group size whose KV holds one ``max_model_len`` request (None: not even ``limit`` chips)."""
+    def fits(chips: int) -> bool:
+        try:
+            check_fits(_with_chips(d, chips), max_model_len)
+        except DoesNotFit:
+            return False
+        return True
+
+    # Fitting is monotone in chips: the per-chip weight share shrinks and the KV shards never decrease.
+    if not fits(limit):
+        return None
+    low, high = 1, limit
+    while low < high:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _with_chips(d: Deployment, chips: int) -> Deployment:
+    return Deployment(chip=d.chip, model=d.model, chips=chips, memory_utilization=d.memory_utilization,
+                      weight_bytes=d.weight_bytes, kv_keep_fraction=d.kv_keep_fraction, efficiency=d.efficiency)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def peak_flops(d: Deployment) -> float:
+    """Peak FLOP/s of one chip for this weight format: INT8 matmuls for 1-byte (W8A8) weights."""
+    if d.weight_bytes <= 1 and d.chip.int8_tops > 0:
+        return d.chip.int8_tops * 1e12
+    return d.chip.fp16_tflops * 1e12
+
+
+def touched_params(model: Model, tokens: int) -> float:
+    """Parameters (not billions) a forward pass over ``tokens`` tokens reads from HBM."""
+    if tokens <= 0:
+        return 0.0
+    if not model.is_moe:
+        return model.active_params_b * GB
+    always = model.always_active_params_b
+    routed_total = model.total_params_b - always
+    touched_share = 1 - (1 - model.experts_per_token / model.experts) ** tokens
+    return (always + routed_total * touched_share) * GB
+
+
+def prefill_flops(model: Model, new_tokens: int, context_tokens: int = 0) -> float:
+    attended_pairs = new_tokens * context_tokens + new_tokens * (new_tokens + 1) / 2
+    return 2 * model.active_params_b * GB * new_tokens + 4 * model.layers * model.attn_dim * attended_pairs
+
+
+def decode_flops(model: Model, batch: int, kv_tokens: int, kv_keep: float = 1.0) -> float:
+    return 2 * model.active_params_b * GB * batch + 4 * model.layers * model.attn_dim * kv_tokens * kv_keep
+
+
+def overhead_seconds(d: Deployment) -> float:
+    """Fixed cost of one engine step: scheduling and launch, plus collectives when the group spans chips."""
+    comm = d.model.layers * d.efficiency.comm_ms_per_layer if d.chips > 1 else 0.0
+    return (d.efficiency.step_overhead_ms + comm) / 1e3
+
+
+def step_seconds(d: Deployment, prefill_tokens: int, prefill_context: int, decode_batch: int,
+                 decode_kv_tokens: int) -> float:
+    """One engine step mixing a prefill chunk with the running decodes (chunked prefill).
+
+    The weights the step's tokens touch are read once, the decodes read their KV and the chunk reads its
+    context's KV; compute is the chunk's prefill FLOPs plus the decodes'. Time is the slower of the two at the
+    efficiency-scaled peaks, plus the step overhead. An empty step takes no time.
+    """
+    if min(prefill_tokens, prefill_context, decode_batch, decode_kv_tokens) < 0:
+        raise ValueError("token counts must not be negative")
+    tokens = prefill_tokens + decode_batch
+    if tokens == 0:
+        return 0.0
+    flops = (prefill_flops(d.model, prefill_tokens, prefill_context) if prefill_tokens else 0.0) \
+        + (decode_flops(d.model, decode_batch, decode_kv_tokens, d.kv_keep_fraction) if decode_batch else 0.0)
+    bytes_per_chip = (touched_params(d.model, tokens) * d.weight_bytes / d.chips
+                      + (prefill_context + decode_kv_tokens) * kv_bytes_per_token_per_chip(d))
+    compute_s = flops / (d.chips * peak_flops(d) * d.efficiency.compute)
+    memory_s = bytes_per_chip / (d.chip.hbm_bandwidth_gbs * GB * d.efficiency.bandwidth)
+    return max(compute_s, memory_s) + overhead_seconds(d)
+
+
+def prefill_seconds(d: Deployment, new_tokens: int, context_tokens: int = 0) -> float:
+    """Prefill of ``new_tokens`` after ``context_tokens`` already cached, alone in one step.
+
+    Compute-bound for any real prompt: FLOPs / (chips x peak x compute efficiency); short prompts are bounded
+    by reading the weights once instead.
+    """
+    return step_seconds(d, new_tokens, context_tokens, 0, 0)
+
+
+def decode_step_seconds(d: Deployment, batch: int, kv_tokens: int) -> float:
+    """One decode step of ``batch`` running requests whose contexts hold ``kv_tokens`` tokens in total.
+
+    Memory-bound in practice: (touched weights / chips + KV bytes per chip) / (bandwidth x efficiency).
+    """
+    return step_seconds(d, 0, 0, batch, kv_tokens)
+
+
+def startup_seconds(d: Deployment) -> float:
+    """Engine start-up: loading every weight byte at the load bandwidth, plus the fixed initialisation."""
+    return weights_bytes(d) / (d.efficiency.load_gbs * GB) + d.efficiency.init_s
+
+
+def kv_keep_fraction(threshold: float) -> float:
+    """Fraction of KV pairs kept at ``--kv-sparse-threshold`` ``threshold`` in [0, 1).
+
+    Shape (inferred): FLOOR + (1 - FLOOR) x (1 - threshold)^2 -- 1.0 at 0, strictly decreasing. Attention
+    mass concentrates on few tokens, so raising the threshold drops pairs fast at first; sinks and the recent
+    window always stay, hence the floor (KV_KEEP_FLOOR). Scales KV bytes (capacity and decode reads) and decode
+    attention FLOPs; prefill still scores every pair.
+    """
+    if not 0 <= threshold < 1:
+        raise UsageError(f"kv_sparse_threshold must be in [0, 1), got {threshold}")
+    return KV_KEEP_FLOOR + (1 - KV_KEEP_FLOOR) * (1 - threshold) ** 2

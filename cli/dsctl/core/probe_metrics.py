@@ -1,0 +1,354 @@
+"""Serving metrics exactly as `vllm bench serve` defines them, computed from per-request records (pure, no I/O).
+
+Definitions (vllm-project/vllm `vllm/benchmarks/lib/endpoint_request_func.py`,
+`vllm/benchmarks/serve.py::calculate_metrics`; serving-and-tuning.md section 2):
+
+* The clock of a request starts immediately before it is written to the socket (``sent``).
+* TTFT  = arrival of the first SSE message whose ``choices`` array is non-empty (its text may be empty) - sent.
+* ITL   = every gap between consecutive choice-bearing messages; statistics are over the flattened list of the
+          gaps of all successful requests.
+* E2EL  = last choice-bearing message - sent (the trailing usage-only chunk does not extend it).
+* Output length = ``usage.completion_tokens`` when the server returned it, otherwise the number of choice-bearing
+          messages (vLLM re-tokenises the text instead; dsctl has no tokenizer, and engines stream one token per
+          message unless speculative decoding is on).
+* TPOT  = (E2EL - TTFT) / (output_len - 1), only for requests with output_len > 1; for goodput such requests
+          count as TPOT = 0.
+* Success = HTTP 200 and at least one choice-bearing message. Failed requests are counted by class and kept out of
+          every latency statistic and every throughput numerator.
+* request_throughput = completed / duration, output_throughput = sum(output_len) / duration,
+  total_token_throughput = (sum(input_len) + sum(output_len)) / duration, request_goodput = good / duration where a
+  request is good when every given ``--goodput`` bound (ms; ttft, tpot, e2el) holds with ``<=``.
+* mean, median, std (population, like ``np.std``) and percentiles with linear interpolation (``np.percentile``'s
+  default method).
+* Client queue time (scheduled send time -> actual send) is reported on its own and never enters TTFT.
+
+Input length: ``usage.prompt_tokens`` when returned, else the workload's planned prompt length (vLLM uses the
+dataset's tokenised length; both agree when the prompt was built for that many tokens).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # the keys vLLM's --goodput accepts
+
+
+class ErrorClass(StrEnum):
+    TIMEOUT = "timeout"
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    CONNECTION = "connection"
+    PROTOCOL = "protocol"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request as the client saw it. Times are ``time.perf_counter()`` seconds on one clock."""
+
+    request_id: str
+    scheduled: float  # when the arrival process released the request
+    sent: float = math.nan  # immediately before the request bytes were written (vLLM's ``st``)
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each choice-bearing SSE message
+    output_tokens: int | None = None  # usage.completion_tokens, when returned
+    prompt_tokens: int = 0  # usage.prompt_tokens when returned, else the planned prompt length
+    status: int | None = None  # HTTP status
+    error: ErrorClass | None = None
+    error_detail: str = ""
+    end: float = math.nan  # when the response ended (stream closed, [DONE], or failure)
+    cancelled: bool = False  # stopped by the probe itself (early stop); neither success nor failure
+
+    @property
+    def success(self) -> bool:
+        return self.error is None and not self.cancelled and self.status == 200 and bool(self.chunk_times)
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    @property
+    def e2el(self) -> float:
+        return self.chunk_times[-1] - self.sent
+
+    @property
+    def output_len(self) -> int:
+        return self.output_tokens if self.output_tokens else len(self.chunk_times)
+
+    @property
+    def tpot(self) -> float | None:
+        """vLLM's per-request TPOT, or None when the request produced at most one token."""
+        n = self.output_len
+        return (self.e2el - self.ttft) / (n - 1) if n > 1 else None
+
+    @property
+    def queue_time(self) -> float:
+        return self.sent - self.scheduled
+
+
+# -- statistics ---------------------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """``np.percentile(values, q)`` (method "linear") of an ascending sequence; q in [0, 100]."""
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("percentile of an empty sequence")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile {q} outside [0, 100]")
+    h = (n - 1) * q / 100.0
+    lo = math.floor(h)
+    frac = h - lo
+    low = sorted_values[lo]
+    if frac == 0.0 or lo + 1 >= n:
+        return low
+    high = sorted_values[lo + 1]
+    if high == low:
+        return low
+    return low + frac * (high - low)  # inf - finite stays inf: a failed request counted as a miss
+
+
+def summarize(values: Iterable[float], scale: float = 1.0, percentiles: Sequence[float] = PERCENTILES
+              ) -> dict[str, Any]:
+    """n, mean, median, std (population), min, max and pNN; None for every statistic of an empty list."""
+    data = sorted(v * scale for v in values)
+    n = len(data)
+    out: dict[str, Any] = {"n": n}
+    if n == 0:
+        out.update({"mean": None, "median": None, "std": None, "min": None, "max": None})
+        out.update({_pkey(p): None for p in percentiles})
+        return out
+    mean = math.fsum(data) / n
+    out["mean"] = mean
+    out["median"] = percentile(data, 50.0)
+    out["std"] = math.sqrt(math.fsum((v - mean) ** 2 for v in data) / n)
+    out["min"] = data[0]
+    out["max"] = data[-1]
+    out.update({_pkey(p): percentile(data, p) for p in percentiles})
+    return out
+
+
+def _pkey(p: float) -> str:
+    return f"p{p:g}".replace(".", "_")
+
+
+# -- goodput / SLO bounds -----------------------------------------------------------------------------------
+
+
+def parse_goodput(terms: Iterable[str]) -> dict[str, float]:
+    """``["ttft:200", "tpot:50"]`` (also comma/space separated in one string) -> {"ttft": 200.0, "tpot": 50.0} ms."""
+    bounds: dict[str, float] = {}
+    for term in (t for raw in terms for t in raw.replace(",", " ").split()):
+        key, sep, value = term.partition(":")
+        key = key.strip().lower()
+        if not sep or key not in GOODPUT_METRICS:
+            raise ValueError(f"goodput term {term!r}: expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}")
+        try:
+            number = float(value.removesuffix("ms"))
+        except ValueError:
+            raise ValueError(f"goodput term {term!r}: {value!r} is not a number of milliseconds") from None
+        if not number > 0 or math.isinf(number):
+            raise ValueError(f"goodput term {term!r}: the bound must be a positive number of milliseconds")
+        bounds[key] = number
+    return bounds
+
+
+def request_values_ms(record: RequestRecord) -> dict[str, float]:
+    """The per-request goodput metrics of a successful request in ms (TPOT 0 for <= 1 token, as vLLM does)."""
+    tpot = record.tpot
+    return {"ttft": record.ttft * 1e3, "tpot": 0.0 if tpot is None else tpot * 1e3, "e2el": record.e2el * 1e3}
+
+
+def is_good(record: RequestRecord, bounds_ms: Mapping[str, float]) -> bool:
+    if not record.success:
+        return False
+    values = request_values_ms(record)
+    return all(values[key] <= bound for key, bound in bounds_ms.items())
+
+
+# -- the metric set -----------------------------------------------------------------------------------------
+
+
+def calculate_metrics(records: Sequence[RequestRecord], duration: float,
+                      goodput_ms: Mapping[str, float] | None = None,
+                      percentiles: Sequence[float] = PERCENTILES) -> dict[str, Any]:
+    """vLLM's ``calculate_metrics`` over measured records (warm-up already removed); ``duration`` in seconds."""
+    ok = [r for r in records if r.success]
+    failed = [r for r in records if not r.success and not r.cancelled]
+    failures = {c.value: 0 for c in ErrorClass}
+    for r in failed:
+        failures[(r.error or ErrorClass.PROTOCOL).value] += 1
+    total_in = sum(r.prompt_tokens for r in ok)
+    total_out = sum(r.output_len for r in ok)
+    itls = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
+    tpots = [t for t in (r.tpot for r in ok) if t is not None]
+    dur = duration if duration > 0 else math.nan
+
+    def per_s(x: float) -> float | None:
+        return None if math.isnan(dur) else x / dur
+
+    good = sum(1 for r in ok if is_good(r, goodput_ms)) if goodput_ms else None
+    sent = [r for r in records if not math.isnan(r.sent)]
+    return {
+        "completed": len(ok),
+        "failed": len(failed),
+        "cancelled": sum(1 for r in records if r.cancelled),
+        "failures": failures,
+        "duration_s": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": per_s(len(ok)),
+        "request_goodput": None if good is None else per_s(good),
+        "good_requests": good,
+        "output_throughput": per_s(total_out),
+        "total_token_throughput": per_s(total_in + total_out),
+        "max_output_tokens_per_s": max_output_tokens_per_s(ok),
+        "max_concurrent_requests": max_concurrent_requests(ok),
+        "ttft_ms": summarize((r.ttft for r in ok), 1e3, percentiles),
+        "tpot_ms": summarize(tpots, 1e3, percentiles),
+        "itl_ms": summarize(itls, 1e3, percentiles),
+        "e2el_ms": summarize((r.e2el for r in ok), 1e3, percentiles),
+        "client_queue_ms": summarize((r.queue_time for r in sent), 1e3, percentiles),
+    }
+
+
+def max_output_tokens_per_s(ok: Sequence[RequestRecord]) -> float:
+    """Peak of choice-bearing messages per 1-second bucket from the first send (vLLM counts messages too)."""
+    if not ok:
+        return 0.0
+    start = min(r.sent for r in ok)
+    buckets: dict[int, int] = {}
+    for r in ok:
+        for t in r.chunk_times:
+            b = int(t - start)
+            buckets[b] = buckets.get(b, 0) + 1
+    return float(max(buckets.values()))
+
+
+def max_concurrent_requests(ok: Sequence[RequestRecord]) -> int:
+    """Sweep line over [sent, last message) of successful requests."""
+    events = sorted([(r.sent, 1) for r in ok] + [(r.chunk_times[-1], -1) for r in ok])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+# -- early stop ---------------------------------------------------------------------------------------------
+
+
+STATISTICS = {"mean": None, "median": 50.0, "p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+
+
+def parse_statistic(text: str) -> str:
+    key = text.strip().lower()
+    if key not in STATISTICS:
+        raise ValueError(f"statistic {text!r}: expected one of {', '.join(STATISTICS)}")
+    return "p50" if key == "median" else key
+
+
+class SloWatch:
+    """Decides whether a probe meets per-metric SLOs, and whether it has *certainly* missed them already.
+
+    The SLO: for every bound ``metric <= bound_ms`` (ttft, tpot, e2el, as in ``--goodput``), the chosen statistic
+    (a percentile, default p90, or the mean) of that metric over the measured requests is at or below the bound.
+    A failed request counts as an infinitely late one here (it did not meet any SLO); the reported latency
+    statistics still exclude it. TPOT only has values for requests with more than one output token (vLLM).
+
+    Early-stop rule (order statistics): with ``total_planned`` = N requests in the probe and k of them finished,
+    the most favourable completion is that all N - k remaining requests succeed with latency 0 (and produce more
+    than one token). Adding a value no larger than every other value never raises a linearly interpolated
+    percentile or a mean, so the final statistic is bounded below by the statistic of the observed values plus
+    N - k zeros. If that lower bound already exceeds the SLO bound, no outcome of the remaining requests can meet
+    the SLO: the probe has certainly missed it, and can stop. The check is exact; it fires at the first finished
+    request that makes the miss certain and never earlier. With N unknown (a closed loop bounded only by time)
+    nothing is ever certain, so it never fires.
+    """
+
+    def __init__(self, bounds_ms: Mapping[str, float], statistic: str = "p90", total_planned: int | None = None):
+        unknown = set(bounds_ms) - set(GOODPUT_METRICS)
+        if unknown:
+            raise ValueError(f"unknown SLO metric(s): {', '.join(sorted(unknown))}")
+        if not bounds_ms:
+            raise ValueError("an SLO needs at least one bound")
+        self.bounds_ms = dict(bounds_ms)
+        self.statistic = parse_statistic(statistic)
+        self.q = STATISTICS[self.statistic]
+        self.total_planned = total_planned
+        self.finished = 0
+        self._sorted: dict[str, list[float]] = {m: [] for m in self.bounds_ms}
+        self._sums: dict[str, float] = dict.fromkeys(self.bounds_ms, 0.0)
+
+    def add(self, record: RequestRecord) -> None:
+        """Account one finished (successful or failed) request; cancelled ones are ignored."""
+        if record.cancelled:
+            return
+        self.finished += 1
+        values = request_values_ms(record) if record.success else None
+        for metric in self.bounds_ms:
+            if values is None:
+                value = math.inf
+            elif metric == "tpot" and record.tpot is None:
+                continue  # no TPOT sample, as in vLLM's statistics
+            else:
+                value = values[metric]
+            bisect.insort(self._sorted[metric], value)
+            self._sums[metric] += value
+
+    def _statistic(self, metric: str, zeros: int) -> float | None:
+        data = self._sorted[metric]
+        n = len(data) + zeros
+        if n == 0:
+            return None
+        if self.q is None:
+            return self._sums[metric] / n
+        h = (n - 1) * self.q / 100.0
+        lo = math.floor(h)
+        frac = h - lo
+
+        def at(i: int) -> float:  # the i-th smallest of ``zeros`` zeros followed by the observed values
+            return 0.0 if i < zeros else data[i - zeros]
+
+        low = at(lo)
+        if frac == 0.0 or lo + 1 >= n:
+            return low
+        high = at(lo + 1)
+        return low if high == low else low + frac * (high - low)
+
+    def values(self) -> dict[str, float | None]:
+        """The statistic of each bound metric over what has been observed so far."""
+        return {m: self._statistic(m, 0) for m in self.bounds_ms}
+
+    def remaining(self) -> int | None:
+        return None if self.total_planned is None else max(0, self.total_planned - self.finished)
+
+    def certainly_missed(self) -> str | None:
+        """A one-line reason when no outcome of the remaining requests can meet the SLO, else None."""
+        remaining = self.remaining()
+        if remaining is None:
+            return None
+        for metric, bound in self.bounds_ms.items():
+            best = self._statistic(metric, remaining)
+            if best is not None and best > bound:
+                return (f"{metric} {self.statistic} is at least {_fmt_ms(best)} ms even if the {remaining} remaining "
+                        f"request(s) are instant; SLO {bound:g} ms")
+        return None
+
+    def missed(self) -> list[str]:
+        """The bounds the observed statistic misses (the verdict once every planned request has finished)."""
+        out = []
+        for metric, bound in self.bounds_ms.items():
+            value = self._statistic(metric, 0)
+            if value is not None and value > bound:
+                out.append(f"{metric} {self.statistic} {_fmt_ms(value)} ms > {bound:g} ms")
+        return out
+
+
+def _fmt_ms(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.2f}"

@@ -1,0 +1,217 @@
+"""What a probe sends: prompt and output lengths, synthetic or file prompts, and OpenAI request bodies (pure).
+
+Lengths: ``512`` (fixed), ``uniform:256:1024`` (integers, both ends included), ``normal:512:64`` (mean, std,
+rounded and clipped to [1, mean + 4 std]).
+
+Synthetic prompts approximate a token count by a word count: each word is drawn from a list of short, common
+lower-case English words that BPE tokenizers (Qwen, DeepSeek, Llama) encode as one token each with their leading
+space, so a prompt of N words is N tokens to within a few percent. The engine's ``usage.prompt_tokens`` is the
+exact figure and is what the metrics use when the server returns it. Chat requests add the chat template's tokens.
+
+Shared prefix: with share s, the first round(s * L) words of a prompt of L words come from one common text (the same
+for every request of the probe); the rest is unique to the request and starts with the request's index (spelled
+with words as digits), so no two prompts share more than the intended prefix and the engine's prefix cache sees
+exactly that share.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Short common words; each one token with its leading space in the usual BPE vocabularies.
+WORDS = tuple("""
+the of and to in is was for on that with as by at from his her they this be are have had not but what all were
+when we there can an your which their said if do will each about how up out them then she many some so these would
+other into has more two time like him see no way could people my than first water been who its now find long down
+day did get come made may part over new sound take only little work know place year live me back give most very
+after thing our just name good man think say great where help through much before line right too mean old any same
+tell boy follow came want show also around form three small set put end does another well large must big even such
+because turn here why ask went men read need land different home us move try kind hand picture again change off play
+spell air away animal house point page letter mother answer found study still learn should world high every near add
+food between own below country plant last school father keep tree never start city earth eye light thought head under
+story saw left few while along might close something seem next hard open example begin life always those both paper
+together got group often run important until children side feet car mile night walk white sea began grow took river
+four carry state once book hear stop without second late miss idea enough eat face watch far real almost let above
+girl sometimes mountain cut young talk soon list song being leave family
+""".split())
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    kind: str  # fixed | uniform | normal
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str, what: str = "length") -> LengthSpec:
+        parts = text.strip().lower().split(":")
+        try:
+            if len(parts) == 1:
+                spec = cls("fixed", float(int(parts[0])))
+            elif parts[0] == "uniform" and len(parts) == 3:
+                spec = cls("uniform", float(int(parts[1])), float(int(parts[2])))
+            elif parts[0] == "normal" and len(parts) == 3:
+                spec = cls("normal", float(parts[1]), float(parts[2]))
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{what} {text!r}: expected N, uniform:LO:HI or normal:MEAN:STD") from None
+        if spec.kind == "fixed" and spec.a < 1:
+            raise ValueError(f"{what} {text!r}: must be at least 1")
+        if spec.kind == "uniform" and not 1 <= spec.a <= spec.b:
+            raise ValueError(f"{what} {text!r}: needs 1 <= LO <= HI")
+        if spec.kind == "normal" and not (spec.a >= 1 and spec.b >= 0):
+            raise ValueError(f"{what} {text!r}: needs MEAN >= 1 and STD >= 0")
+        return spec
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        value = round(rng.gauss(self.a, self.b))
+        return int(min(max(1, value), max(1, round(self.a + 4 * self.b))))
+
+    @property
+    def mean(self) -> float:
+        return self.a if self.kind != "uniform" else (self.a + self.b) / 2
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return f"{int(self.a)}"
+        if self.kind == "uniform":
+            return f"uniform:{int(self.a)}:{int(self.b)}"
+        return f"normal:{self.a:g}:{self.b:g}"
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    index: int
+    prompt: str | None  # completions prompt (or the user message of a chat request)
+    messages: list[dict[str, Any]] | None  # chat messages from a prompts file
+    prompt_tokens: int  # planned (approximate) prompt length
+    output_tokens: int  # max_tokens
+
+
+def load_prompts(path: Path) -> list[dict[str, Any]]:
+    """A JSONL file: one object per line with "prompt" (string) or "messages" (chat list), and optionally
+    "output_tokens" (or "max_tokens") and "prompt_tokens". Blank lines are skipped."""
+    items: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"prompts file {path}: {exc.strerror or exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"prompts file {path} line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str)
+                                              or isinstance(item.get("messages"), list)):
+            raise ValueError(f"prompts file {path} line {number}: needs a \"prompt\" string or a \"messages\" list")
+        out = item.get("output_tokens", item.get("max_tokens"))
+        if out is not None and (not isinstance(out, int) or out < 1):
+            raise ValueError(f"prompts file {path} line {number}: output_tokens must be a positive integer")
+        items.append(item)
+    if not items:
+        raise ValueError(f"prompts file {path}: no prompts")
+    return items
+
+
+def approx_tokens(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+class Workload:
+    """Produces request i deterministically from the seed, lazily (cheap: slices of a pre-drawn word pool)."""
+
+    POOL = 1 << 16
+
+    def __init__(self, prompt_len: LengthSpec, output_len: LengthSpec, *, shared_prefix: float = 0.0,
+                 prompts: list[dict[str, Any]] | None = None, seed: int = 0):
+        if not 0.0 <= shared_prefix <= 1.0:
+            raise ValueError(f"shared prefix {shared_prefix:g}: must be between 0 and 1")
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.shared_prefix = shared_prefix
+        self.prompts = prompts
+        self.seed = seed
+        pool_rng = random.Random(f"{seed}:pool")
+        self._pool = [pool_rng.choice(WORDS) for _ in range(self.POOL)]
+        prefix_max = int(prompt_len.b if prompt_len.kind == "uniform" else
+                         (prompt_len.a + 4 * prompt_len.b if prompt_len.kind == "normal" else prompt_len.a))
+        self._prefix = [pool_rng.choice(WORDS) for _ in range(max(1, prefix_max))] if shared_prefix > 0 else []
+
+    def _words(self, rng: random.Random, n: int) -> list[str]:
+        start = rng.randrange(self.POOL)
+        words = self._pool[start:start + n]
+        while len(words) < n:
+            words += self._pool[: n - len(words)]
+        return words
+
+    def request(self, index: int) -> PlannedRequest:
+        rng = random.Random(f"{self.seed}:{index}")
+        if self.prompts is not None:
+            item = self.prompts[index % len(self.prompts)]
+            out = item.get("output_tokens", item.get("max_tokens")) or self.output_len.sample(rng)
+            if isinstance(item.get("messages"), list):
+                text = " ".join(str(m.get("content", "")) for m in item["messages"] if isinstance(m, dict))
+                tokens = int(item.get("prompt_tokens") or approx_tokens(text))
+                return PlannedRequest(index, None, item["messages"], tokens, int(out))
+            tokens = int(item.get("prompt_tokens") or approx_tokens(item["prompt"]))
+            return PlannedRequest(index, item["prompt"], None, tokens, int(out))
+        length = self.prompt_len.sample(rng)
+        shared = min(length - 1, round(self.shared_prefix * length)) if self.shared_prefix > 0 else 0
+        tag = _tag(index)[: length - shared]
+        words = self._prefix[:shared] + tag + self._words(rng, length - shared - len(tag))
+        return PlannedRequest(index, " ".join(words), None, length, self.output_len.sample(rng))
+
+
+def _tag(index: int) -> list[str]:
+    """The index written in base len(WORDS) with words as digits: unique per request, one token per word."""
+    digits = [WORDS[index % len(WORDS)]]
+    index //= len(WORDS)
+    while index:
+        digits.append(WORDS[index % len(WORDS)])
+        index //= len(WORDS)
+    return digits
+
+
+def request_body(endpoint: str, model: str, planned: PlannedRequest, *, ignore_eos: bool = True) -> dict[str, Any]:
+    """A streaming OpenAI request as `vllm bench serve` sends it (usage chunk requested, greedy)."""
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "completions":
+        if planned.prompt is None:
+            raise ValueError("chat messages from a prompts file need --endpoint chat")
+        body["prompt"] = planned.prompt
+        body["max_tokens"] = planned.output_tokens
+    elif endpoint == "chat":
+        body["messages"] = planned.messages or [{"role": "user", "content": planned.prompt}]
+        body["max_completion_tokens"] = planned.output_tokens
+        body["max_tokens"] = planned.output_tokens  # older servers only read max_tokens
+    else:
+        raise ValueError(f"endpoint {endpoint!r}: expected completions or chat")
+    body["temperature"] = 0.0
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM extension: generate exactly max_tokens
+    return body
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def iter_requests(workload: Workload, count: int) -> Iterator[PlannedRequest]:
+    for i in range(count):
+        yield workload.request(i)

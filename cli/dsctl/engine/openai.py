@@ -1,0 +1,283 @@
+"""OpenAI-compatible request parsing and response shapes, as vLLM's OpenAI server produces them.
+
+Sources: vllm-project/vllm ``vllm/entrypoints/openai/{api_server,serving_completion,serving_chat,
+serving_engine,protocol}.py``.
+
+* Errors: ``{"object": "error", "message", "type", "param", "code"}`` (vLLM's
+  ErrorResponse): 400 ``BadRequestError`` for bad bodies and over-long
+  requests, 404 ``NotFoundError`` "The model `X` does not exist.".
+  With ``--api-key``, paths under ``/v1`` without ``Authorization: Bearer
+  <key>`` get 401 ``{"error": "Unauthorized"}``; /health and /metrics stay open.
+* Completions stream chunks are dumped with every field (``"usage": null``
+  included), chat chunks with only the fields set, as vLLM does; the usage
+  chunk of ``stream_options.include_usage`` has ``"choices": []``.
+* Ids: ``cmpl-<id>`` / ``chatcmpl-<id>``, where ``<id>`` is the client's
+  ``X-Request-Id`` header when given, else a random uuid4 hex.
+
+Not modelled: several prompts or choices per request (n > 1), logprobs,
+echo, stop strings, tools; generation always runs to ``max_tokens``
+(finish_reason "length").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from dsctl.engine.text import count_tokens, prompt_key
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM's CompletionRequest default
+CHAT_TEMPLATE_TOKENS_PER_MESSAGE = 1  # role marker
+CHAT_TEMPLATE_TOKENS_FIXED = 3  # BOS + assistant generation prompt
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.err_type, self.status)
+
+
+def error_body(message: str, err_type: str, code: int) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+UNAUTHORIZED = {"error": "Unauthorized"}
+
+
+def authorized(headers: dict[str, str], api_key: str | None) -> bool:
+    if not api_key:
+        return True
+    return headers.get("authorization", "") == f"Bearer {api_key}"
+
+
+@dataclass
+class GenerationRequest:
+    kind: str  # "completion" | "chat"
+    request_id: str  # cmpl-... / chatcmpl-...
+    model: str
+    prompt_tokens: int
+    key: bytes  # what the synthetic text is seeded with
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    created: int
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+def _load(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(f"JSON decode error: {exc}") from None
+    if not isinstance(data, dict):
+        raise _bad("Input should be a valid dictionary or object to extract fields from")
+    return data
+
+
+def _int_field(data: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"{name}: Input should be a valid integer")
+    if minimum is not None and value < minimum:
+        raise _bad(f"{name} must be at least {minimum}, got {value}.")
+    return value
+
+
+def _common(data: dict[str, Any], served: list[str]) -> tuple[str, bool, bool, bool, int | None]:
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model: Input should be a valid string")
+    stream = data.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("stream: Input should be a valid boolean")
+    options = data.get("stream_options")
+    include_usage = continuous = False
+    if options is not None:
+        if not stream:
+            raise _bad("Stream options can only be defined when `stream=True`.")
+        if not isinstance(options, dict):
+            raise _bad("stream_options: Input should be a valid dictionary")
+        include_usage = bool(options.get("include_usage") or False)
+        continuous = bool(options.get("continuous_usage_stats") or False)
+    n = _int_field(data, "n", 1)
+    if n not in (None, 1):
+        raise _bad("n > 1 is not supported by this engine")
+    for name in ("temperature", "top_p"):
+        value = data.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _bad(f"{name}: Input should be a valid number")
+    seed = _int_field(data, "seed")
+    if model is None:
+        model = served[0]
+    elif model not in served:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    return model, stream, include_usage, continuous, seed
+
+
+def _check_length(prompt_tokens: int, max_tokens: int | None, max_model_len: int, default: int | None) -> int:
+    if prompt_tokens >= max_model_len:
+        raise _bad(f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+                   f"{prompt_tokens} input tokens. Please reduce the length of the input messages.")
+    if max_tokens is None:
+        max_tokens = max_model_len - prompt_tokens if default is None else min(default,
+                                                                                 max_model_len - prompt_tokens)
+    if prompt_tokens + max_tokens > max_model_len:
+        raise _bad(f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                   f"context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
+                   f"({max_tokens} > {max_model_len} - {prompt_tokens}).")
+    return max_tokens
+
+
+def new_id(base: str | None) -> str:
+    return base if base else uuid.uuid4().hex
+
+
+def parse_completion(body: bytes, served: list[str], max_model_len: int, request_id: str | None = None
+                     ) -> GenerationRequest:
+    data = _load(body)
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("Prompt cannot be empty")
+        tokens = count_tokens(prompt) or 1
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        tokens = len(prompt)
+    elif prompt is None:
+        raise _bad("Either prompt or prompt_embeds must be provided and non-empty.")
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise _bad("batched prompts are not supported by this engine: send one prompt per request")
+    else:
+        raise _bad("prompt: Input should be a valid string or a list of token ids")
+    model, stream, include_usage, continuous, seed = _common(data, served)
+    max_tokens = _int_field(data, "max_tokens", 1)
+    max_tokens = _check_length(tokens, max_tokens, max_model_len, DEFAULT_COMPLETION_MAX_TOKENS)
+    return GenerationRequest("completion", f"cmpl-{new_id(request_id)}", model, tokens, prompt_key(prompt, seed),
+                             max_tokens, stream, include_usage, continuous, int(time.time()))
+
+
+def _message_text(message: Any) -> str:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise _bad("messages: each message needs a 'role' and 'content'")
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise _bad("messages: only text content parts are supported by this engine")
+        return "\n".join(parts)
+    raise _bad("messages: content should be a string or a list of parts")
+
+
+def parse_chat(body: bytes, served: list[str], max_model_len: int, request_id: str | None = None
+               ) -> GenerationRequest:
+    data = _load(body)
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages: Field required (a non-empty list of messages)")
+    texts = [(m.get("role") if isinstance(m, dict) else "", _message_text(m)) for m in messages]
+    tokens = CHAT_TEMPLATE_TOKENS_FIXED + sum(CHAT_TEMPLATE_TOKENS_PER_MESSAGE + count_tokens(t) for _, t in texts)
+    model, stream, include_usage, continuous, seed = _common(data, served)
+    max_tokens = _int_field(data, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int_field(data, "max_tokens", 1)
+    max_tokens = _check_length(tokens, max_tokens, max_model_len, None)
+    rendered = "\n".join(f"<{role}>{text}" for role, text in texts)
+    return GenerationRequest("chat", f"chatcmpl-{new_id(request_id)}", model, tokens, prompt_key(rendered, seed),
+                             max_tokens, stream, include_usage, continuous, int(time.time()))
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+
+
+class Shaper:
+    """Serialises one request's responses; stream chunks come pre-framed as SSE events."""
+
+    def __init__(self, req: GenerationRequest):
+        self.req = req
+        self.chat = req.kind == "chat"
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        self._head = ('data: {"id":' + json.dumps(req.request_id) + ',"object":"' + obj + '","created":'
+                      + str(req.created) + ',"model":' + json.dumps(req.model) + ',"choices":[')
+
+    def role_chunk(self) -> bytes:
+        """The chat stream's first event (empty content, role assistant)."""
+        return (self._head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                '"finish_reason":null}]' + self._tail(0) + "}\n\n").encode()
+
+    def _tail(self, completion_tokens: int) -> str:
+        if self.req.continuous_usage:
+            return ',"usage":' + json.dumps(_usage(self.req.prompt_tokens, completion_tokens), separators=(",", ":"))
+        return "" if self.chat else ',"usage":null'
+
+    def token_chunk(self, text: str, completion_tokens: int, finished: bool) -> bytes:
+        finish = '"length"' if finished else "null"
+        if self.chat:
+            stop = ',"stop_reason":null' if finished else ""
+            choice = ('{"index":0,"delta":{"content":' + json.dumps(text) + '},"logprobs":null,"finish_reason":'
+                      + finish + stop + "}")
+        else:
+            choice = ('{"index":0,"text":' + json.dumps(text) + ',"logprobs":null,"finish_reason":' + finish
+                      + ',"stop_reason":null}')
+        return (self._head + choice + "]" + self._tail(completion_tokens) + "}\n\n").encode()
+
+    def usage_chunk(self, completion_tokens: int) -> bytes:
+        return (self._head + '],"usage":' + json.dumps(_usage(self.req.prompt_tokens, completion_tokens),
+                                                       separators=(",", ":")) + "}\n\n").encode()
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def response(self, text: str, completion_tokens: int) -> dict[str, Any]:
+        usage = {**_usage(self.req.prompt_tokens, completion_tokens), "prompt_tokens_details": None}
+        base = {"id": self.req.request_id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.req.created, "model": self.req.model}
+        if self.chat:
+            choice = {"index": 0,
+                      "message": {"role": "assistant", "reasoning_content": None, "content": text, "tool_calls": []},
+                      "logprobs": None, "finish_reason": "length", "stop_reason": None}
+            return {**base, "choices": [choice], "usage": usage, "prompt_logprobs": None}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                  "prompt_logprobs": None}
+        return {**base, "choices": [choice], "usage": usage}
+
+
+def models_body(served: list[str], root: str, max_model_len: int, created: int) -> dict[str, Any]:
+    data = []
+    for name in served:
+        data.append({
+            "id": name, "object": "model", "created": created, "owned_by": "vllm", "root": root, "parent": None,
+            "max_model_len": max_model_len,
+            "permission": [{
+                "id": f"modelperm-{uuid.uuid5(uuid.NAMESPACE_OID, name).hex}", "object": "model_permission",
+                "created": created, "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                "group": None, "is_blocking": False,
+            }],
+        })
+    return {"object": "list", "data": data}

@@ -1,0 +1,560 @@
+"""The engine's asyncio HTTP/1.1 server and engine loop (standard library only).
+
+HTTP: keep-alive, ``Content-Length`` or chunked request bodies, ``Expect:
+100-continue``; JSON responses with ``Content-Length``; SSE streams
+(``text/event-stream``) as chunked transfer on HTTP/1.1 and close-delimited on
+HTTP/1.0.  Routes: GET /health, /v1/models, /metrics, /version; POST
+/v1/completions, /v1/chat/completions.  Unknown paths get FastAPI's 404
+``{"detail": "Not Found"}``, wrong methods 405.
+
+Engine loop: the scheduler runs on a virtual clock.  Virtual seconds map to
+wall seconds times ``time_scale``, anchored when the engine wakes from idle,
+so the loop sleeps until each iteration's modelled end and never accumulates
+drift; if the host falls behind it catches up without sleeping.  Tokens an
+iteration emits go to each request's ``Live`` buffer; the request's handler
+writes whatever has accumulated as one SSE event (as vLLM merges outputs a
+slow consumer has not read yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsctl.core.engine_sched import Request, Scheduler
+from dsctl.engine import openai
+from dsctl.engine.metrics import EngineMetrics
+from dsctl.engine.text import SyntheticText
+
+logger = logging.getLogger("dsctl.engine")
+
+REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+           405: "Method Not Allowed", 411: "Length Required", 413: "Request Entity Too Large",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+MAX_HEADER_BYTES = 64 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024
+DISCONNECT_CHECK_SECONDS = 1.0
+ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/metrics": ("GET",), "/version": ("GET",),
+          "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",)}
+
+
+@dataclass
+class ServerConfig:
+    served_model_names: list[str]
+    model_root: str
+    max_model_len: int
+    api_key: str | None = None
+    time_scale: float = 1.0
+    seed: int = 0
+    divergence: float = 0.0
+    record: str | None = None
+    access_log: bool = True
+    log_stats_interval: float = 10.0
+    version: str = "0.0"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class Live:
+    """A request in flight: tokens the engine produced and the handler has not written yet."""
+
+    __slots__ = ("gen", "sreq", "text", "pending", "done", "aborted", "waiter", "client_id", "arrival_wall",
+                 "first_wall", "last_wall", "scheduled_wall")
+
+    def __init__(self, gen: openai.GenerationRequest, sreq: Request, text: SyntheticText, client_id: str):
+        self.gen = gen
+        self.sreq = sreq
+        self.text = text
+        self.pending = 0
+        self.done = False
+        self.aborted = False
+        self.waiter: asyncio.Future | None = None
+        self.client_id = client_id
+        self.arrival_wall = time.time()
+        self.first_wall: float | None = None
+        self.last_wall: float | None = None
+        self.scheduled_wall: float | None = None
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        if self.done:
+            return
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        handle = loop.call_later(timeout, self.wake)
+        try:
+            await self.waiter
+        finally:
+            handle.cancel()
+            self.waiter = None
+
+    def take(self) -> int:
+        count, self.pending = self.pending, 0
+        return count
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: EngineMetrics):
+        self.sched = scheduler
+        self.config = config
+        self.metrics = metrics
+        self._wake = asyncio.Event()
+        self._anchor_wall = 0.0
+        self._anchor_virtual = 0.0
+        self._record = open(config.record, "a", buffering=1) if config.record else None  # noqa: SIM115
+        self._ids = 0
+        self._window_prompt = 0
+        self._window_generation = 0
+
+    # virtual <-> wall, on the loop's monotonic clock
+    def _virtual_to_mono(self, virtual: float) -> float:
+        return self._anchor_wall + (virtual - self._anchor_virtual) * self.config.time_scale
+
+    def submit(self, gen: openai.GenerationRequest, client_id: str) -> Live:
+        self._ids += 1
+        sreq = Request(id=f"{gen.request_id}#{self._ids}", prompt_tokens=gen.prompt_tokens, max_tokens=gen.max_tokens,
+                       arrival=self.sched.now)
+        text = SyntheticText(gen.key, seed=self.config.seed, divergence=self.config.divergence)
+        live = Live(gen, sreq, text, client_id)
+        sreq.payload = live
+        self.sched.add(sreq)
+        self._wake.set()
+        return live
+
+    def abort(self, live: Live) -> None:
+        if live.done or live.aborted:
+            return
+        live.aborted = True
+        self.sched.abort(live.sreq.id)
+        self.metrics.request_success.inc(1, "abort")
+        self._write_record(live, "aborted")
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        scale = self.config.time_scale
+        multi = self.sched.stream_num > 1
+        while True:
+            wait = self.sched.poll()
+            if wait is None:
+                self._wake.clear()
+                await self._wake.wait()
+                self._anchor_wall = loop.time()
+                self._anchor_virtual = self.sched.now
+                continue
+            end = self.sched.now + wait
+            delay = self._virtual_to_mono(end) - loop.time()
+            if delay > 0:
+                if multi:  # an arrival may let an idle stream start before the next iteration ends
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                    except TimeoutError:
+                        pass
+                else:
+                    await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # behind schedule: catch up, but let the handlers write in between
+            virtual_now = self._anchor_virtual + (loop.time() - self._anchor_wall) / scale
+            events = self.sched.advance(max(0.0, min(end, virtual_now) - self.sched.now))
+            self._deliver(events)
+
+    def _deliver(self, events: list[tuple[Request, int]]) -> None:
+        now = time.time()
+        mono = asyncio.get_running_loop().time()
+        metrics = self.metrics
+        for tokens in self.sched.iteration_tokens:
+            metrics.iteration_tokens.observe(tokens)
+        self.sched.iteration_tokens.clear()
+        for sreq, count in events:
+            live: Live = sreq.payload
+            if live.aborted:
+                continue
+            if live.first_wall is None:
+                live.first_wall = now
+                if sreq.scheduled_at is not None:  # virtual -> loop clock -> wall clock
+                    ago = mono - self._virtual_to_mono(sreq.scheduled_at)
+                    live.scheduled_wall = max(live.arrival_wall, now - max(ago, 0.0))
+                metrics.ttft.observe(now - live.arrival_wall)
+                self._window_prompt += sreq.prompt_tokens
+            else:
+                metrics.observe_gap(now - (live.last_wall or now))
+            live.last_wall = now
+            live.pending += count
+            self._window_generation += count
+            if sreq.finished:
+                live.done = True
+                self._finished(live, now)
+                live.wake()
+            elif live.gen.stream:
+                live.wake()
+
+    def _finished(self, live: Live, now: float) -> None:
+        metrics = self.metrics
+        sreq = live.sreq
+        first = live.first_wall or now
+        scheduled = live.scheduled_wall if live.scheduled_wall is not None else live.arrival_wall
+        metrics.request_success.inc(1, "length")
+        metrics.e2e.observe(now - live.arrival_wall)
+        metrics.queue_time.observe(max(0.0, scheduled - live.arrival_wall))
+        metrics.prefill_time.observe(max(0.0, first - scheduled))
+        metrics.decode_time.observe(max(0.0, now - first))
+        metrics.inference_time.observe(max(0.0, now - scheduled))
+        metrics.request_prompt_tokens.observe(sreq.prompt_tokens)
+        metrics.request_generation_tokens.observe(sreq.output_tokens)
+        metrics.max_tokens_param.observe(sreq.max_tokens)
+        self._write_record(live, "finished")
+
+    def _write_record(self, live: Live, status: str) -> None:
+        if self._record is None:
+            return
+        record = {"id": live.client_id, "arrival": live.arrival_wall, "first_token_time": live.first_wall,
+                  "finish_time": live.last_wall if status == "finished" else time.time(),
+                  "prompt_tokens": live.sreq.prompt_tokens, "output_tokens": live.sreq.output_tokens,
+                  "status": status, "request_id": live.gen.request_id, "preemptions": live.sreq.preemptions}
+        self._record.write(json.dumps(record) + "\n")
+
+    def render_metrics(self) -> str:
+        metrics, sched = self.metrics, self.sched
+        metrics.running.set(sched.num_running)
+        metrics.waiting.set(sched.num_waiting)
+        metrics.kv_cache_usage.set(sched.kv_usage)
+        metrics.gpu_cache_usage.set(sched.kv_usage)
+        metrics.preemptions.values[""] = float(sched.num_preemptions)
+        metrics.prompt_tokens.values[""] = float(sched.prompt_tokens_total)
+        metrics.generation_tokens.values[""] = float(sched.generation_tokens_total)
+        return metrics.render()
+
+    async def log_stats(self) -> None:
+        interval = self.config.log_stats_interval
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            elapsed = max(now - last, 1e-9)
+            last = now
+            prompt, generation = self._window_prompt / elapsed, self._window_generation / elapsed
+            self._window_prompt = self._window_generation = 0
+            if not (prompt or generation or self.sched.has_work()):
+                continue  # vLLM logs at debug level when idle
+            logger.info("Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+                        "Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: "
+                        "0.0%%", prompt, generation, self.sched.num_running, self.sched.num_waiting,
+                        self.sched.kv_usage * 100)
+
+    def close(self) -> None:
+        if self._record is not None:
+            self._record.close()
+
+
+class HttpError(Exception):
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+_date_cache: list[Any] = [0, ""]
+
+
+def _http_date() -> str:
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = email.utils.formatdate(now, usegmt=True)
+    return _date_cache[1]
+
+
+def _json_bytes(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class HttpServer:
+    def __init__(self, engine: Engine, config: ServerConfig):
+        self.engine = engine
+        self.config = config
+        self.ready = False
+        self.connections: set[asyncio.StreamWriter] = set()
+
+    # -- connection ---------------------------------------------------------
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections.add(writer)
+        peer = writer.get_extra_info("peername") or ("-", 0)
+        client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    break
+                except asyncio.LimitOverrunError:
+                    self._simple(writer, 431, {"detail": "Request Header Fields Too Large"}, False)
+                    break
+                try:
+                    method, target, version, headers = self._parse_head(head)
+                    keep_alive = self._keep_alive(version, headers)
+                    body = await self._read_body(reader, writer, version, headers)
+                except HttpError as exc:
+                    self._simple(writer, exc.status, {"detail": REASONS.get(exc.status, "Bad Request")}, False)
+                    break
+                keep_alive = await self.dispatch(reader, writer, method, target, version, headers, body, keep_alive,
+                                                 client)
+                await writer.drain()
+                if not keep_alive:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.connections.discard(writer)
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the peer is gone either way
+                pass
+
+    @staticmethod
+    def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
+        try:
+            lines = head.decode("latin-1").split("\r\n")
+            method, target, version = lines[0].split(" ", 2)
+        except ValueError:
+            raise HttpError(400) from None
+        if not version.startswith("HTTP/1."):
+            raise HttpError(400)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise HttpError(400)
+            headers[name.strip().lower()] = value.strip()
+        return method.upper(), target, version, headers
+
+    @staticmethod
+    def _keep_alive(version: str, headers: dict[str, str]) -> bool:
+        connection = headers.get("connection", "").lower()
+        if version == "HTTP/1.0":
+            return "keep-alive" in connection
+        return "close" not in connection
+
+    async def _read_body(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, version: str,
+                         headers: dict[str, str]) -> bytes:
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length_text = headers.get("content-length")
+        if not chunked and not length_text:
+            return b""
+        if headers.get("expect", "").lower() == "100-continue" and version == "HTTP/1.1":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if chunked:
+            parts: list[bytes] = []
+            total = 0
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                try:
+                    size = int(size_line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise HttpError(400) from None
+                if size == 0:
+                    while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                        pass
+                    return b"".join(parts)
+                total += size
+                if total > MAX_BODY_BYTES:
+                    raise HttpError(413)
+                parts.append(await reader.readexactly(size))
+                await reader.readexactly(2)
+        try:
+            length = int(length_text or "0")
+        except ValueError:
+            raise HttpError(400) from None
+        if length < 0:
+            raise HttpError(400)
+        if length > MAX_BODY_BYTES:
+            raise HttpError(413)
+        return await reader.readexactly(length)
+
+    # -- responses ----------------------------------------------------------
+
+    def _head(self, status: int, content_type: str | None, length: int | None, keep_alive: bool,
+              extra: list[tuple[str, str]] | None = None, chunked: bool = False) -> bytes:
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'OK')}", f"date: {_http_date()}", "server: uvicorn"]
+        if length is not None:
+            lines.append(f"content-length: {length}")
+        if content_type:
+            lines.append(f"content-type: {content_type}")
+        for name, value in extra or []:
+            lines.append(f"{name}: {value}")
+        if chunked:
+            lines.append("transfer-encoding: chunked")
+        if not keep_alive:
+            lines.append("connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def _send(self, writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str | None,
+              keep_alive: bool, extra: list[tuple[str, str]] | None = None) -> None:
+        writer.write(self._head(status, content_type, len(body), keep_alive, extra) + body)
+
+    def _simple(self, writer: asyncio.StreamWriter, status: int, data: Any, keep_alive: bool,
+                extra: list[tuple[str, str]] | None = None) -> None:
+        self._send(writer, status, _json_bytes(data), "application/json", keep_alive, extra)
+
+    def _access(self, client: str, method: str, target: str, version: str, status: int) -> None:
+        if self.config.access_log:
+            sys.stdout.write(f'INFO:     {client} - "{method} {target} {version}" {status} '
+                             f'{REASONS.get(status, "")}\n')
+
+    # -- routing ------------------------------------------------------------
+
+    async def dispatch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: str, target: str,
+                       version: str, headers: dict[str, str], body: bytes, keep_alive: bool, client: str) -> bool:
+        path = target.split("?", 1)[0]
+        status = 200
+        try:
+            if path.startswith("/v1") and method != "OPTIONS" and not openai.authorized(headers,
+                                                                                          self.config.api_key):
+                status = 401
+                self._simple(writer, 401, openai.UNAUTHORIZED, keep_alive)
+                return keep_alive
+            allowed = ROUTES.get(path)
+            if allowed is None:
+                status = 404
+                self._simple(writer, 404, {"detail": "Not Found"}, keep_alive)
+                return keep_alive
+            if method not in allowed:
+                status = 405
+                self._simple(writer, 405, {"detail": "Method Not Allowed"}, keep_alive, [("allow", ", ".join(allowed))])
+                return keep_alive
+            if path == "/health":
+                status = 200 if self.ready else 503
+                self._send(writer, status, b"", None, keep_alive)
+            elif path == "/metrics":
+                self._send(writer, 200, self.engine.render_metrics().encode(),
+                           "text/plain; version=0.0.4; charset=utf-8", keep_alive)
+            elif path == "/v1/models":
+                self._simple(writer, 200, openai.models_body(self.config.served_model_names, self.config.model_root,
+                                                             self.config.max_model_len, self.config.created),
+                             keep_alive)
+            elif path == "/version":
+                self._simple(writer, 200, {"version": self.config.version}, keep_alive)
+            else:
+                parse = openai.parse_chat if path == "/v1/chat/completions" else openai.parse_completion
+                client_id = headers.get("x-request-id") or None
+                try:
+                    gen = parse(body, self.config.served_model_names, self.config.max_model_len, client_id)
+                except openai.ApiError as exc:
+                    status = exc.status
+                    self._simple(writer, exc.status, exc.body(), keep_alive)
+                    return keep_alive
+                try:
+                    live = self.engine.submit(gen, client_id or gen.request_id)
+                except ValueError as exc:
+                    status = 400
+                    self._simple(writer, 400, openai.error_body(str(exc), "BadRequestError", 400), keep_alive)
+                    return keep_alive
+                extra = [("x-request-id", client_id)] if client_id else None
+                self._access(client, method, target, version, 200)
+                if gen.stream:
+                    return await self._stream(reader, writer, live, version, keep_alive, extra)
+                return await self._complete(reader, writer, live, keep_alive, extra)
+            return keep_alive
+        finally:
+            if path not in ("/v1/completions", "/v1/chat/completions") or status != 200:
+                self._access(client, method, target, version, status)
+
+    async def _await_tokens(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, live: Live) -> bool:
+        """Wait for tokens (streams) or the end (otherwise); False, and the request aborted, if the client left."""
+        while not (live.done or (live.pending and live.gen.stream)):
+            await live.wait(DISCONNECT_CHECK_SECONDS)
+            if reader.at_eof() or writer.is_closing():
+                self.engine.abort(live)
+                return False
+        return True
+
+    async def _complete(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, live: Live,
+                        keep_alive: bool, extra: list[tuple[str, str]] | None) -> bool:
+        if not await self._await_tokens(reader, writer, live):
+            return False
+        shaper = openai.Shaper(live.gen)
+        output = live.sreq.output_tokens
+        self._simple(writer, 200, shaper.response(live.text.text(0, output), output), keep_alive, extra)
+        return keep_alive
+
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, live: Live, version: str,
+                      keep_alive: bool, extra: list[tuple[str, str]] | None) -> bool:
+        chunked = version == "HTTP/1.1"
+        keep_alive = keep_alive and chunked
+        writer.write(self._head(200, "text/event-stream; charset=utf-8", None, keep_alive, extra, chunked=chunked))
+
+        def frame(data: bytes) -> bytes:
+            return b"%x\r\n%s\r\n" % (len(data), data) if chunked else data
+
+        shaper = openai.Shaper(live.gen)
+        sent = 0
+        try:
+            await writer.drain()
+            while True:
+                if not await self._await_tokens(reader, writer, live):
+                    return False
+                count = live.take()
+                if count == 0 and not live.done:
+                    continue
+                data = b""
+                if sent == 0 and shaper.chat:
+                    data = shaper.role_chunk()
+                text = live.text.text(sent, count)
+                sent += count
+                done = live.done and live.pending == 0
+                data += shaper.token_chunk(text, sent, done)
+                if done:
+                    if live.gen.include_usage:
+                        data += shaper.usage_chunk(sent)
+                    data += shaper.done()
+                writer.write(frame(data) + (b"0\r\n\r\n" if done and chunked else b""))
+                await writer.drain()
+                if done:
+                    return keep_alive
+        except (ConnectionError, RuntimeError):
+            self.engine.abort(live)
+            return False
+
+
+async def serve(engine: Engine, server: HttpServer, sock: Any, host: str, port: int, stop: asyncio.Event,
+                on_ready: Any = None) -> None:
+    """Accept connections on an already bound socket until ``stop`` is set."""
+    loop_task = asyncio.create_task(engine.run())
+    stats_task = asyncio.create_task(engine.log_stats()) if engine.config.log_stats_interval > 0 else None
+    aserver = await asyncio.start_server(server.handle, sock=sock, limit=MAX_HEADER_BYTES, backlog=4096)
+    server.ready = True
+    if on_ready:
+        on_ready()
+    try:
+        await stop.wait()
+    finally:
+        aserver.close()
+        for writer in list(server.connections):
+            writer.close()
+        loop_task.cancel()
+        if stats_task:
+            stats_task.cancel()
+        engine.close()
+
+
+def configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
+                                           datefmt="%m-%d %H:%M:%S"))
+    root = logging.getLogger("dsctl.engine")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+    try:
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        pass

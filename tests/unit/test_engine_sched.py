@@ -1,0 +1,223 @@
+"""The engine's step scheduler on a virtual clock: batching, chunking, KV pressure, multi-stream mode."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from dsctl.core import perfmodel as pm
+from dsctl.core.engine_sched import Request, Scheduler, simulate
+
+MODEL = "deepseek-r1-distill-qwen-7b"
+
+
+def deployment(**kwargs) -> pm.Deployment:
+    return pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name(MODEL), **kwargs)
+
+
+D = deployment()
+CAPACITY = pm.check_fits(D, 8192)
+
+
+def scheduler(d: pm.Deployment = D, capacity: int = CAPACITY, **kwargs) -> Scheduler:
+    kwargs.setdefault("max_num_batched_tokens", 2048)
+    return Scheduler(d, kv_capacity_tokens=capacity, **kwargs)
+
+
+def poisson(rate: float, n: int, prompt: int = 1024, output: int = 128, seed: int = 1) -> list[Request]:
+    rng = random.Random(seed)
+    t, requests = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate) if rate != math.inf else 0.0
+        requests.append(Request(f"r{i}", prompt, output, arrival=t))
+    return requests
+
+
+def ttfts(done: list[Request]) -> list[float]:
+    return [r.first_token_at - r.arrival for r in done]
+
+
+def itls(done: list[Request]) -> list[float]:
+    return [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
+
+
+def test_one_request_is_one_prefill_then_one_decode_step_per_token():
+    s = scheduler()
+    s.add(Request("a", 100, 3))
+    duration, events = s.step()
+    assert duration == pytest.approx(pm.step_seconds(D, 100, 0, 0, 0))
+    assert [(r.id, n) for r, n in events] == [("a", 1)]
+    duration, _ = s.step()
+    assert duration == pytest.approx(pm.step_seconds(D, 0, 0, 1, 101))
+    duration, events = s.step()
+    assert duration == pytest.approx(pm.step_seconds(D, 0, 0, 1, 102))
+    request = events[0][0]
+    assert request.finished and request.output_tokens == 3
+    assert s.step() == (0.0, [])
+    assert s.free_blocks == s.num_blocks
+
+
+def test_ttft_rises_with_offered_load():
+    means = []
+    for rate in (1, 4, 8, 16):
+        done = simulate(scheduler(), poisson(rate, 200))
+        assert len(done) == 200
+        means.append(statistics.mean(ttfts(done)))
+    assert means == sorted(means) and means[-1] > 10 * means[0], means
+
+
+def test_ttft_rises_with_the_running_batch():
+    """A new request's prefill shares its step with every running decode: more decodes, slower first token."""
+    results = []
+    for batch in (1, 32, 128, 255):
+        s = scheduler(max_num_seqs=256)
+        background = [Request(f"bg{i}", 16, 4000, arrival=0.0) for i in range(batch)]
+        probe = Request("probe", 512, 4, arrival=5.0)
+        simulate(s, [*background, probe], horizon=8.0)
+        results.append(probe.first_token_at - probe.arrival)
+    assert results == sorted(results) and results[-1] > 1.2 * results[0], results
+
+
+def test_max_num_seqs_trades_token_latency_for_throughput():
+    stats = []
+    for seqs in (16, 64, 256):
+        done = simulate(scheduler(max_num_seqs=seqs), poisson(20, 300))
+        span = max(r.finished_at for r in done) - min(r.arrival for r in done)
+        stats.append((statistics.mean(itls(done)), sum(r.output_tokens for r in done) / span))
+    token_latency = [itl for itl, _ in stats]
+    throughput = [tput for _, tput in stats]
+    assert token_latency == sorted(token_latency), stats
+    assert throughput == sorted(throughput), stats
+
+
+def test_chunked_prefill_bounds_the_tokens_of_every_step():
+    s = scheduler(max_num_batched_tokens=512, enable_chunked_prefill=True)
+    done = simulate(s, [Request("long", 5000, 2), *(Request(f"s{i}", 300, 20, arrival=0.01 * i) for i in range(8))])
+    assert len(done) == 9
+    assert max(s.iteration_tokens) <= 512
+    long = next(r for r in done if r.id == "long")
+    assert long.first_token_at > pm.step_seconds(D, 512, 0, 0, 0) * math.ceil(5000 / 512) * 0.99
+
+
+def test_without_chunked_prefill_prompts_are_prefilled_whole():
+    s = scheduler(max_num_batched_tokens=8192, enable_chunked_prefill=False)
+    simulate(s, [Request(f"r{i}", 3000, 2) for i in range(3)])
+    prefill_steps = [t for t in s.iteration_tokens if t >= 3000]
+    assert prefill_steps and all(t % 3000 == 0 or t > 3000 for t in prefill_steps)
+    assert max(s.iteration_tokens) <= 8192
+    with pytest.raises(ValueError, match="chunked prefill is off"):
+        scheduler(max_num_batched_tokens=1024, enable_chunked_prefill=False).add(Request("x", 2000, 10))
+
+
+def test_requests_wait_while_the_kv_cache_is_full():
+    s = scheduler(capacity=128 * 10, block_size=128)  # 10 blocks
+    for i in range(6):
+        s.add(Request(f"r{i}", 300, 10))  # 3 blocks each for the prompt, 3 for prompt + output
+    most_running = 0
+    while s.has_work():
+        s.step()
+        most_running = max(most_running, s.num_running)
+        assert s.free_blocks >= 0 and s.kv_usage <= 1.0
+    assert most_running == 3
+    assert s.free_blocks == s.num_blocks
+
+
+def test_preemption_under_kv_pressure_recomputes_and_still_finishes():
+    s = scheduler(capacity=128 * 40, max_num_seqs=64)
+    requests = [Request(f"r{i}", 200, 600) for i in range(20)]  # 20 x 800 tokens >> 5120 tokens of KV
+    done = simulate(s, requests)
+    assert len(done) == 20
+    assert s.num_preemptions > 0
+    assert any(r.preemptions for r in done)
+    assert all(r.output_tokens == 600 and len(r.token_times) == 600 for r in done)
+    assert s.generation_tokens_total == 20 * 600
+    assert s.free_blocks == s.num_blocks
+    # the preempted request is the newest running one: the oldest request is never preempted
+    assert requests[0].preemptions == 0
+
+
+def test_kv_pressure_shows_as_token_latency_spikes():
+    roomy = simulate(scheduler(max_num_seqs=64), [Request(f"r{i}", 200, 600) for i in range(20)])
+    tight = simulate(scheduler(capacity=128 * 40, max_num_seqs=64), [Request(f"r{i}", 200, 600) for i in range(20)])
+    assert max(itls(tight)) > 3 * max(itls(roomy))
+
+
+def test_abort_frees_the_request_at_once():
+    s = scheduler()
+    a, b = Request("a", 1000, 50), Request("b", 1000, 50)
+    s.add(a)
+    s.add(b)
+    s.step()
+    assert s.abort("a") and a.status == "aborted"
+    assert not s.abort("a")
+    while s.has_work():
+        s.step()
+    assert b.finished and s.free_blocks == s.num_blocks
+
+
+def test_add_rejects_what_could_never_run():
+    with pytest.raises(ValueError, match="KV blocks"):
+        scheduler(capacity=1024).add(Request("x", 1000, 100))
+    with pytest.raises(ValueError, match="stream_num"):
+        scheduler(max_num_seqs=4, stream_num=8)
+
+
+def test_multi_stream_mode_runs_fixed_batches_to_completion():
+    s = scheduler(max_num_seqs=8, stream_num=2)  # two streams of 4 slots
+    assert s.batch_size == 4
+    requests = [Request(f"r{i}", 64, 10 + 30 * (i % 2)) for i in range(12)]
+    for r in requests:
+        s.add(r)
+    first_batch: dict[int, set[str]] = {}
+    while s.has_work():
+        s.poll()
+        for stream in s.streams:
+            assert len(stream.running) <= 4
+            if stream.running:
+                first_batch.setdefault(stream.index, {r.id for r in stream.running})
+        s.step()
+    assert all(r.finished for r in requests)
+    # requests 8..11 could only start once a whole batch had drained (its slowest request finished)
+    first_drain = min(max(r.finished_at for r in requests if r.id in ids) for ids in first_batch.values())
+    assert min(r.scheduled_at for r in requests[8:]) >= first_drain - 1e-9
+
+
+def test_multi_stream_mode_trades_first_token_for_smoother_decode():
+    big = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name("deepseek-v3"), chips=16, weight_bytes=1.0)
+    capacity = pm.check_fits(big, 16384)
+    stats = {}
+    for streams in (1, 4):
+        done = simulate(Scheduler(big, kv_capacity_tokens=capacity, max_num_seqs=256, stream_num=streams),
+                        poisson(4, 200))
+        stats[streams] = (statistics.mean(ttfts(done)), statistics.mean(itls(done)))
+    assert stats[4][0] > 3 * stats[1][0], stats  # head-of-line blocking behind fixed batches
+    assert stats[4][1] < stats[1][1], stats      # one stream's prefill no longer stalls the others' decodes
+
+
+def test_one_stream_in_multi_stream_timing_is_step_seconds():
+    """With a single busy stream the two-phase timing adds up to exactly step_seconds."""
+    s = scheduler(max_num_seqs=8, stream_num=2)
+    s.add(Request("a", 100, 2))
+    duration, events = s.step()
+    assert events and duration == pytest.approx(pm.step_seconds(D, 100, 0, 0, 0))
+
+
+def test_kv_sparsity_makes_decode_faster_and_the_cache_larger():
+    sparse = deployment(kv_keep_fraction=pm.kv_keep_fraction(0.5))
+    assert pm.check_fits(sparse, 8192) > CAPACITY
+    dense_done = simulate(scheduler(), [Request(f"r{i}", 4000, 200) for i in range(64)])
+    sparse_done = simulate(scheduler(sparse, pm.check_fits(sparse, 8192)),
+                           [Request(f"r{i}", 4000, 200) for i in range(64)])
+    assert statistics.mean(itls(sparse_done)) < statistics.mean(itls(dense_done))
+
+
+def test_jitter_is_seeded():
+    def finish_times(seed: int) -> list[float]:
+        return [r.finished_at for r in simulate(scheduler(jitter=0.2, seed=seed), poisson(8, 40))]
+
+    assert finish_times(1) == finish_times(1)
+    assert finish_times(1) != finish_times(2)
+    assert finish_times(1) != [r.finished_at for r in simulate(scheduler(), poisson(8, 40))]
