@@ -1,6 +1,7 @@
 """The lab wheelhouse: deterministic stand-in wheels that a real pip installs with --require-hashes.
 
-Needs no running lab and no root: everything is built into, and installed from, the test's tmp dir.
+Needs no running lab and no root: everything is built into, and installed from, the test's tmp dir; the
+vllm stand-in's `vllm serve` (dsctl's emulated engine, vendored) is served from that venv on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import types
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -26,6 +33,21 @@ from dsctl.lab import packages, wheelhouse
 ROW_V0130 = {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0", "vllm-ascend": "0.13.0"}
 MODULES = ("torch", "torch_npu", "vllm", "vllm_ascend")
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "PIP_CONFIG_FILE": os.devnull}
+# Some of what the vendored engine must hold (the whole set is computed: wheelhouse.engine_closure).
+ESSENTIAL = {
+    "dsctl/__init__.py",
+    "dsctl/core/engine_sched.py",
+    "dsctl/core/perfmodel.py",
+    "dsctl/data/__init__.py",
+    "dsctl/data/profiles.yaml",
+    "dsctl/engine/__main__.py",
+    "dsctl/engine/profiles.py",
+    "dsctl/engine/server.py",
+    "dsctl/errors.py",
+}
+MODEL_PATH = "/models/DeepSeek-R1-Distill-Qwen-7B"
+PROFILE = "deepseek-r1-distill-qwen-7b"
+ENTRY_POINT = ["vllm/entrypoints/__init__.py", "vllm/entrypoints/cli/__init__.py", "vllm/entrypoints/cli/main.py"]
 
 
 def file_for(name: str, version: str) -> str:
@@ -48,10 +70,15 @@ def requirements(sums: dict[str, str]) -> str:
     )
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without PYTHONPATH or the stand-in's DSCTL_ENGINE_* knobs, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("DSCTL_ENGINE_")}
+    return {**env, **PIP_ENV, **extra}
+
+
 def run(*args: str | Path, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, **PIP_ENV}
-    env.pop("PYTHONPATH", None)
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120, env=env, **kwargs)
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120, env=clean_env(),
+                          **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +95,16 @@ def venv(tmp_path_factory) -> Path:
     result = run(sys.executable, "-m", "venv", path)
     assert result.returncode == 0, result.stderr
     return path
+
+
+@pytest.fixture(scope="module")
+def installed(wheels, venv, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The venv with the v0.13.0 row installed as the roles install it, and pip's result."""
+    req = tmp_path_factory.mktemp("req") / "requirements.txt"
+    req.write_text(requirements(read_sums(wheels)))
+    python = venv / "bin" / "python"
+    result = run(python, "-m", "pip", "install", "--no-index", "--find-links", wheels, "--require-hashes", "-r", req)
+    return venv, result
 
 
 # =========================================================================== building
@@ -138,6 +175,107 @@ def test_wheel_contents_are_a_valid_wheel(wheels):
         assert entry.date_time == (1980, 1, 1, 0, 0, 0)
 
 
+def test_vllm_wheel_carries_the_entry_point_and_the_vendored_engine(wheels):
+    archive = zipfile.ZipFile(wheels / "vllm-0.13.0-py3-none-any.whl")
+    info = "vllm-0.13.0.dist-info"
+    names = archive.namelist()
+    vendored = [n for n in names if n.startswith("dsctl/")]
+    assert ESSENTIAL <= set(vendored)
+    assert vendored == list(wheelhouse.vendored_dsctl())
+    assert names == [*vendored, "vllm/__init__.py", *ENTRY_POINT, f"{info}/METADATA", f"{info}/WHEEL",
+                     f"{info}/entry_points.txt", f"{info}/RECORD"]
+    assert archive.read(f"{info}/entry_points.txt").decode() == (
+        "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
+    )
+    assert "Summary: dsctl lab stand-in for vllm 0.13.0: `vllm serve` runs" in archive.read(f"{info}/METADATA").decode()
+    rows = list(csv.reader(io.StringIO(archive.read(f"{info}/RECORD").decode())))
+    assert [r[0] for r in rows] == names
+    for path, digest, size in rows[:-1]:
+        data = archive.read(path)
+        expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert digest == f"sha256={expected}" and int(size) == len(data)
+    for path in vendored:  # byte for byte the installed dsctl package's files
+        assert archive.read(path) == (wheelhouse.DSCTL_DIR / path.removeprefix("dsctl/")).read_bytes(), path
+    assert archive.read("vllm/entrypoints/cli/main.py").decode() == wheelhouse.STAND_IN_VLLM_MAIN
+    compile(wheelhouse.STAND_IN_VLLM_MAIN, "vllm/entrypoints/cli/main.py", "exec")
+
+    # Every vllm stand-in carries the same serving files; no other distribution carries any.
+    for path in wheels.glob("*.whl"):
+        other = zipfile.ZipFile(path)
+        served = {n: other.read(n) for n in other.namelist() if n.startswith(("dsctl/", "vllm/entrypoints/"))}
+        if path.name.startswith("vllm-"):
+            assert served == {n: archive.read(n) for n in [*vendored, *ENTRY_POINT]}, path.name
+        else:
+            assert served == {}, path.name
+
+
+def test_the_vendored_closure_covers_what_the_engine_imports_without_pyyaml(tmp_path):
+    """Run the engine up to a start-up failure (after its lazy imports) with no site-packages: no PyYAML."""
+    modules = wheelhouse.engine_closure([wheelhouse.ENGINE_ROOT])
+    script = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(wheelhouse.DSCTL_DIR.parent)!r})\n"
+        "from dsctl.engine.__main__ import main\n"
+        "status = main(['serve', 'deepseek-v3', '-tp', '1', '--host', '127.0.0.1', '--port', '0',"
+        " '--time-scale', '0.0001'])\n"
+        "assert 'yaml' not in sys.modules or not hasattr(sys.modules['yaml'], '__file__'), 'PyYAML imported'\n"
+        "print(json.dumps([status, sorted(m for m in sys.modules if m.split('.')[0] == 'dsctl')]))\n"
+    )
+    result = run(sys.executable, "-S", "-c", script, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    status, imported = json.loads(result.stdout.splitlines()[-1])
+    assert status == 1 and "NPU out of memory" in result.stderr  # got past the imports of serve() and _start()
+    assert "dsctl.core.engine_sched" in imported and "dsctl.core.perfmodel" in imported
+    assert set(imported) <= set(modules)
+    assert not any(m.startswith(("dsctl.lab", "dsctl.commands", "dsctl.adapters")) for m in modules)
+
+
+def stand_in_main() -> types.ModuleType:
+    """The vllm stand-in's entry point module, loaded from the source the wheels carry."""
+    module = types.ModuleType("stand_in_vllm_main")
+    exec(compile(wheelhouse.STAND_IN_VLLM_MAIN, "vllm/entrypoints/cli/main.py", "exec"), module.__dict__)
+    return module
+
+
+def test_vllm_serve_arguments_become_the_engines():
+    from dsctl.engine.__main__ import build_parser
+
+    main = stand_in_main()
+    parser = build_parser()
+    models = main.load_models(None)
+
+    def argv(*args: str, **environ: str) -> tuple[list[str], list[str]]:
+        return main.engine_argv(list(args), parser, main.load_models, environ)
+
+    # A checkpoint path maps to its profile; the served name stays as given; start-up defaults to 2 s.
+    assert argv(MODEL_PATH, "--served-model-name", "r1-7b", "--host", "127.0.0.1", "--port", "8000",
+                "--tensor-parallel-size", "1", "--max-num-seqs", "8") == (
+        [PROFILE, "--served-model-name", "r1-7b", "--host", "127.0.0.1", "--port", "8000",
+         "--tensor-parallel-size", "1", "--max-num-seqs", "8", "--startup", "2"], [])
+    # No --served-model-name: vLLM serves under the model string as given.
+    assert argv(MODEL_PATH + "/")[0] == [PROFILE, "--served-model-name", MODEL_PATH + "/", "--startup", "2"]
+    # Hugging Face ids, --model, underscores, vLLM flags the engine does not model (with their values).
+    assert argv("--model=deepseek-ai/DeepSeek-R1", "--max_num_seqs", "4", "--data-parallel-size", "2",
+                "--enable-prefix-caching", "--compilation-config={}", "--no-enable-chunked-prefill") == (
+        ["deepseek-r1", "--max-num-seqs", "4", "--no-enable-chunked-prefill", "--served-model-name",
+         "deepseek-ai/DeepSeek-R1", "--startup", "2"],
+        ["--data-parallel-size", "2", "--enable-prefix-caching", "--compilation-config={}"])
+    assert argv("--model", "/m/DeepSeek_V2_Lite", "--served-model-name", "a", "b", "--jitter", "-1")[0] == (
+        ["deepseek-v2-lite", "--served-model-name", "a", "b", "--jitter", "-1", "--startup", "2"])
+    assert argv(MODEL_PATH, "--model", MODEL_PATH)[0] == [PROFILE, "--served-model-name", MODEL_PATH, "--startup", "2"]
+    # An unknown model goes on as given (the engine lists the profiles it knows).
+    assert argv("/models/Llama-3-8B")[0][0] == "/models/Llama-3-8B"
+    # The environment's defaults, and flags winning over them.
+    env = {"DSCTL_ENGINE_TIME_SCALE": "0.05", "DSCTL_ENGINE_STARTUP": "0"}
+    assert argv(PROFILE, **env)[0] == [PROFILE, "--served-model-name", PROFILE, "--time-scale", "0.05",
+                                       "--startup", "0"]
+    assert argv(PROFILE, "--time-scale=1", "--startup", "5", **env)[0] == [
+        PROFILE, "--time-scale=1", "--startup", "5", "--served-model-name", PROFILE]
+    assert argv(PROFILE, DSCTL_ENGINE_STARTUP="model")[0] == [PROFILE, "--served-model-name", PROFILE]
+    assert main.match_profile("DeepSeek-R1-Distill-Qwen-7B", models) == PROFILE
+    assert main.match_profile("r1-7b", models) == PROFILE  # an alias
+
+
 def test_sha256sums_match_the_wheels(wheels):
     text = (wheels / "SHA256SUMS").read_text()
     lines = text.splitlines()
@@ -191,12 +329,10 @@ def test_versions_are_pep_440_normalized_and_bad_rows_skipped():
 # =========================================================================== installing with pip
 
 
-def test_pip_installs_the_pinned_row_with_hashes(wheels, venv, tmp_path):
-    req = tmp_path / "requirements.txt"
-    req.write_text(requirements(read_sums(wheels)))
-    python = venv / "bin" / "python"
-    result = run(python, "-m", "pip", "install", "--no-index", "--find-links", wheels, "--require-hashes", "-r", req)
+def test_pip_installs_the_pinned_row_with_hashes(installed, tmp_path):
+    venv, result = installed
     assert result.returncode == 0, result.stdout + result.stderr
+    python = venv / "bin" / "python"
 
     script = f"import importlib\nfor m in {MODULES!r}:\n    print(m, importlib.import_module(m).__version__)\n"
     result = run(python, "-c", script, cwd=tmp_path)
@@ -241,3 +377,113 @@ def test_pip_refuses_a_tampered_wheel(wheels, venv, tmp_path):
     assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in result.stderr
     assert "torch-npu" in result.stderr.lower().replace("_", "-")
     assert not (site / "torch_npu").exists() and not (site / "torch").exists()
+
+
+# =========================================================================== serving from the venv
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http(port: int, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class Served:
+    """One server process (its own process group), its port and output."""
+
+    def __init__(self, args: list, port: int, directory: Path, name: str, **env: str):
+        self.port = port
+        self.out = directory / f"{name}.out"
+        self.err = directory / f"{name}.err"
+        self.began = time.monotonic()
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=err, cwd=directory,
+                                         env=clean_env(**env), start_new_session=True)
+        self.ready_after: float | None = None
+
+    def wait_healthy(self, timeout: float = 30.0) -> float:
+        deadline = self.began + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}: {self.err.read_text()}"
+            try:
+                if http(self.port, "/health")[0] == 200:
+                    self.ready_after = time.monotonic() - self.began
+                    return self.ready_after
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"no /health 200 in {timeout} s: {self.err.read_text()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
+
+
+def test_vllm_serve_and_the_engine_module_serve_from_the_venv_alone(installed, tmp_path):
+    venv, result = installed
+    assert result.returncode == 0, result.stdout + result.stderr
+    python, vllm = venv / "bin" / "python", venv / "bin" / "vllm"
+    assert vllm.is_file() and os.access(vllm, os.X_OK)  # pip made the console script from entry_points.txt
+
+    # The venv holds the four stand-ins and pip, nothing third-party: dsctl is the vendored copy.
+    probe = run(python, "-c", "import dsctl, importlib.util; print(dsctl.__file__);"
+                "print([m for m in ('yaml', 'pydantic', 'typer', 'rich') if importlib.util.find_spec(m)])",
+                cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    location, third_party = probe.stdout.splitlines()
+    assert Path(location).is_relative_to(venv) and third_party == "[]"
+    version = run(vllm, "--version", cwd=tmp_path)
+    assert (version.returncode, version.stdout) == (0, "0.13.0\n")
+    refused = run(vllm, "bench", "serve", cwd=tmp_path)
+    assert refused.returncode == 2 and "not a command of the lab stand-in" in refused.stderr
+
+    common = ["--host", "127.0.0.1", "--max-num-seqs", "8"]
+    ports = {name: free_port() for name in ("fast", "plain", "module")}
+    commands = {
+        # As the lab-engine engine runs it: the engine's own flags.
+        "fast": [vllm, "serve", MODEL_PATH, "--served-model-name", "r1-7b", *common, "--port", ports["fast"],
+                 "--time-scale", "0.01", "--startup", "0"],
+        # Exactly a real host's command line: the stand-in's default start-up (DSCTL_ENGINE_STARTUP unset).
+        "plain": [vllm, "serve", MODEL_PATH, "--served-model-name", "r1-7b", *common, "--tensor-parallel-size", "1",
+                  "--port", ports["plain"]],
+        "module": [python, "-m", "dsctl.engine", "serve", PROFILE, "--host", "127.0.0.1", "--port", ports["module"],
+                   "--time-scale", "0.01", "--startup", "0"],
+    }
+    servers = {name: Served(command, ports[name], tmp_path, name) for name, command in commands.items()}
+    try:
+        for name, served in servers.items():
+            served.wait_healthy(30)
+            status, body = http(served.port, "/v1/models")
+            assert status == 200
+            ids = [m["id"] for m in json.loads(body)["data"]]
+            assert ids == (["r1-7b"] if name != "module" else [PROFILE])
+            status, body = http(served.port, "/v1/completions",
+                                {"model": ids[0], "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+            assert status == 200, body
+            completion = json.loads(body)
+            assert completion["usage"]["completion_tokens"] == 4
+            assert completion["choices"][0]["finish_reason"] == "length"
+        assert servers["plain"].ready_after < 2 + 8  # the default start-up: 2 modelled seconds, not a minute
+    finally:
+        codes = {name: served.stop() for name, served in servers.items()}
+    assert codes == {"fast": 0, "plain": 0, "module": 0}, {n: s.err.read_text() for n, s in servers.items()}
+    log = servers["plain"].out.read_text()
+    assert f"model='{PROFILE}', served_model_name=r1-7b" in log and "Loading weights took 2.00 seconds" in log
+    assert "Uvicorn running on http://127.0.0.1:" in servers["fast"].out.read_text()
+    assert "Traceback" not in "".join(s.err.read_text() for s in servers.values())

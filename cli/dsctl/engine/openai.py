@@ -22,6 +22,7 @@ echo, stop strings, tools; generation always runs to ``max_tokens``
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -214,8 +215,19 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
 
 
+_PLAIN_TEXT = re.compile(r"[ -!#-\[\]-~]*")  # printable ASCII but '"' and '\\': a JSON string as it is
+
+
+def _json_string(text: str) -> str:
+    return '"' + text + '"' if _PLAIN_TEXT.fullmatch(text) else json.dumps(text)
+
+
 class Shaper:
-    """Serialises one request's responses; stream chunks come pre-framed as SSE events."""
+    """Serialises one request's responses; stream chunks come pre-framed as SSE events.
+
+    Stream events are built from per-request templates (the JSON around the text is fixed), so an event costs a
+    few string concatenations; the synthetic text (lowercase words) needs no escaping.
+    """
 
     def __init__(self, req: GenerationRequest):
         self.req = req
@@ -223,6 +235,16 @@ class Shaper:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         self._head = ('data: {"id":' + json.dumps(req.request_id) + ',"object":"' + obj + '","created":'
                       + str(req.created) + ',"model":' + json.dumps(req.model) + ',"choices":[')
+        if self.chat:
+            prefix = self._head + '{"index":0,"delta":{"content":'
+            self._running = '},"logprobs":null,"finish_reason":null}]'
+            self._last = '},"logprobs":null,"finish_reason":"length","stop_reason":null}]'
+        else:
+            prefix = self._head + '{"index":0,"text":'
+            self._running = ',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
+            self._last = ',"logprobs":null,"finish_reason":"length","stop_reason":null}]'
+        self._prefix = prefix
+        self._fixed_tail = None if req.continuous_usage else ("}\n\n" if self.chat else ',"usage":null}\n\n')
 
     def role_chunk(self) -> bytes:
         """The chat stream's first event (empty content, role assistant)."""
@@ -235,15 +257,10 @@ class Shaper:
         return "" if self.chat else ',"usage":null'
 
     def token_chunk(self, text: str, completion_tokens: int, finished: bool) -> bytes:
-        finish = '"length"' if finished else "null"
-        if self.chat:
-            stop = ',"stop_reason":null' if finished else ""
-            choice = ('{"index":0,"delta":{"content":' + json.dumps(text) + '},"logprobs":null,"finish_reason":'
-                      + finish + stop + "}")
-        else:
-            choice = ('{"index":0,"text":' + json.dumps(text) + ',"logprobs":null,"finish_reason":' + finish
-                      + ',"stop_reason":null}')
-        return (self._head + choice + "]" + self._tail(completion_tokens) + "}\n\n").encode()
+        tail = self._fixed_tail
+        if tail is None:
+            tail = self._tail(completion_tokens) + "}\n\n"
+        return (self._prefix + _json_string(text) + (self._last if finished else self._running) + tail).encode()
 
     def usage_chunk(self, completion_tokens: int) -> bytes:
         return (self._head + '],"usage":' + json.dumps(_usage(self.req.prompt_tokens, completion_tokens),

@@ -10,10 +10,21 @@ HTTP/1.0.  Routes: GET /health, /v1/models, /metrics, /version; POST
 Engine loop: the scheduler runs on a virtual clock.  Virtual seconds map to
 wall seconds times ``time_scale``, anchored when the engine wakes from idle,
 so the loop sleeps until each iteration's modelled end and never accumulates
-drift; if the host falls behind it catches up without sleeping.  Tokens an
-iteration emits go to each request's ``Live`` buffer; the request's handler
-writes whatever has accumulated as one SSE event (as vLLM merges outputs a
-slow consumer has not read yet).
+drift; if the host falls behind it catches up without sleeping.  The engine
+loop writes the tokens an iteration emits straight to each stream's
+transport, one SSE event per request and iteration, yielding to the event
+loop every ``WRITES_PER_YIELD`` writes so that requests arriving during a
+burst of hundreds of writes are read promptly.  A stream whose transport
+buffer is above ``WRITE_HIGH_WATER`` (a slow consumer) is left to its
+handler, which drains and then writes whatever has accumulated as one event
+(as vLLM merges outputs a slow consumer has not read yet).
+
+The record (``--record``) and the TTFT/e2e metrics use wall-clock stamps
+taken where vLLM's API server would see them: ``arrival`` once the request's
+bytes have been read (head and body), ``first_token_time`` once the first
+content event has been handed to the socket (``transport.write`` returned;
+for non-streaming requests, when the iteration delivered the token), and
+``finish_time`` once the last event has been.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
 DISCONNECT_CHECK_SECONDS = 1.0
+WRITES_PER_YIELD = int(__import__("os").environ.get("WPY", "16"))  # engine-loop writes between two passes of the event loop (reads of new requests)
+WRITE_HIGH_WATER = 64 * 1024  # bytes buffered in a transport above which its handler drains and merges events
 ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/metrics": ("GET",), "/version": ("GET",),
           "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",)}
 
@@ -61,32 +74,37 @@ class ServerConfig:
 
 
 class Live:
-    """A request in flight: tokens the engine produced and the handler has not written yet."""
+    """A request in flight: tokens the engine produced and nobody has written yet, and the stream's output side."""
 
-    __slots__ = ("gen", "sreq", "text", "pending", "done", "aborted", "waiter", "client_id", "arrival_wall",
-                 "first_wall", "last_wall", "scheduled_wall")
+    __slots__ = ("gen", "sreq", "text", "pending", "done", "aborted", "recorded", "waiter", "client_id",
+                 "arrival_wall", "first_wall", "last_wall", "scheduled_wall", "transport", "chunked", "shaper",
+                 "sent")
 
-    def __init__(self, gen: openai.GenerationRequest, sreq: Request, text: SyntheticText, client_id: str):
+    def __init__(self, gen: openai.GenerationRequest, sreq: Request, text: SyntheticText, client_id: str,
+                 arrival: float | None = None):
         self.gen = gen
         self.sreq = sreq
         self.text = text
         self.pending = 0
-        self.done = False
+        self.done = False  # the scheduler finished it (all tokens produced)
         self.aborted = False
+        self.recorded = False  # finished and accounted (a stream: its last event written)
         self.waiter: asyncio.Future | None = None
         self.client_id = client_id
-        self.arrival_wall = time.time()
+        self.arrival_wall = time.time() if arrival is None else arrival
         self.first_wall: float | None = None
         self.last_wall: float | None = None
         self.scheduled_wall: float | None = None
+        self.transport: asyncio.WriteTransport | None = None  # a stream whose head has been written
+        self.chunked = False
+        self.shaper: openai.Shaper | None = None
+        self.sent = 0  # tokens written
 
     def wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
     async def wait(self, timeout: float) -> None:
-        if self.done:
-            return
         loop = asyncio.get_running_loop()
         self.waiter = loop.create_future()
         handle = loop.call_later(timeout, self.wake)
@@ -95,10 +113,6 @@ class Live:
         finally:
             handle.cancel()
             self.waiter = None
-
-    def take(self) -> int:
-        count, self.pending = self.pending, 0
-        return count
 
 
 class Engine:
@@ -118,24 +132,25 @@ class Engine:
     def _virtual_to_mono(self, virtual: float) -> float:
         return self._anchor_wall + (virtual - self._anchor_virtual) * self.config.time_scale
 
-    def submit(self, gen: openai.GenerationRequest, client_id: str) -> Live:
+    def submit(self, gen: openai.GenerationRequest, client_id: str, arrival: float | None = None) -> Live:
         self._ids += 1
         sreq = Request(id=f"{gen.request_id}#{self._ids}", prompt_tokens=gen.prompt_tokens, max_tokens=gen.max_tokens,
                        arrival=self.sched.now)
         text = SyntheticText(gen.key, seed=self.config.seed, divergence=self.config.divergence)
-        live = Live(gen, sreq, text, client_id)
+        live = Live(gen, sreq, text, client_id, arrival)
         sreq.payload = live
         self.sched.add(sreq)
         self._wake.set()
         return live
 
     def abort(self, live: Live) -> None:
-        if live.done or live.aborted:
+        if live.recorded or live.aborted:
             return
         live.aborted = True
         self.sched.abort(live.sreq.id)
         self.metrics.request_success.inc(1, "abort")
         self._write_record(live, "aborted")
+        live.wake()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -161,42 +176,92 @@ class Engine:
                 else:
                     await asyncio.sleep(delay)
             else:
-                await asyncio.sleep(0)  # behind schedule: catch up, but let the handlers write in between
+                await asyncio.sleep(0)  # behind schedule: catch up, but let the handlers run in between
             virtual_now = self._anchor_virtual + (loop.time() - self._anchor_wall) / scale
             events = self.sched.advance(max(0.0, min(end, virtual_now) - self.sched.now))
-            self._deliver(events)
+            if events:
+                await self._deliver(events)
 
-    def _deliver(self, events: list[tuple[Request, int]]) -> None:
-        now = time.time()
-        mono = asyncio.get_running_loop().time()
+    async def _deliver(self, events: list[tuple[Request, int]]) -> None:
+        """Hand an iteration's tokens out: streams are written here, one event each; the rest wake their handler."""
         metrics = self.metrics
         for tokens in self.sched.iteration_tokens:
             metrics.iteration_tokens.observe(tokens)
         self.sched.iteration_tokens.clear()
+        writes = 0
         for sreq, count in events:
             live: Live = sreq.payload
             if live.aborted:
                 continue
-            if live.first_wall is None:
-                live.first_wall = now
-                if sreq.scheduled_at is not None:  # virtual -> loop clock -> wall clock
-                    ago = mono - self._virtual_to_mono(sreq.scheduled_at)
-                    live.scheduled_wall = max(live.arrival_wall, now - max(ago, 0.0))
-                metrics.ttft.observe(now - live.arrival_wall)
-                self._window_prompt += sreq.prompt_tokens
-            else:
-                metrics.observe_gap(now - (live.last_wall or now))
-            live.last_wall = now
             live.pending += count
             self._window_generation += count
             if sreq.finished:
                 live.done = True
-                self._finished(live, now)
+            transport = live.transport
+            if transport is None:  # not streamed (or its head is not out yet): the handler writes
+                if not live.gen.stream:
+                    now = time.time()
+                    self._stamp(live, now)
+                    if live.done:
+                        self._finished(live, now)
                 live.wake()
-            elif live.gen.stream:
-                live.wake()
+                continue
+            if transport.is_closing():
+                self.abort(live)
+                continue
+            if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                live.wake()  # a slow consumer: its handler drains, then writes what accumulated as one event
+                continue
+            self.flush(live)
+            writes += 1
+            if writes % WRITES_PER_YIELD == 0:
+                await asyncio.sleep(0)  # let the loop read requests that arrived during this burst
+
+    def flush(self, live: Live) -> None:
+        """Write a stream's unwritten tokens as one SSE event (the last with the usage chunk, [DONE] and the chunked
+        terminator) and stamp its times once the bytes have been handed to the socket."""
+        count = live.pending
+        done = live.done
+        transport = live.transport
+        if live.recorded or live.aborted or transport is None or (count == 0 and not done):
+            return
+        live.pending = 0
+        shaper: openai.Shaper = live.shaper  # type: ignore[assignment]
+        start = live.sent
+        live.sent = start + count
+        data = shaper.token_chunk(live.text.text(start, count), live.sent, done)
+        if start == 0 and shaper.chat:
+            data = shaper.role_chunk() + data
+        if done:
+            if live.gen.include_usage:
+                data += shaper.usage_chunk(live.sent)
+            data += shaper.done()
+        if live.chunked:
+            data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if done else b"%x\r\n%s\r\n" % (len(data), data)
+        transport.write(data)
+        now = time.time()
+        self._stamp(live, now)
+        if done:
+            self._finished(live, now)
+            live.wake()
+
+    def _stamp(self, live: Live, now: float) -> None:
+        """Tokens of ``live`` went out (a stream: handed to the socket) at ``now``."""
+        metrics = self.metrics
+        if live.first_wall is None:
+            live.first_wall = now
+            sreq = live.sreq
+            if sreq.scheduled_at is not None:  # virtual -> loop clock -> wall clock
+                ago = asyncio.get_running_loop().time() - self._virtual_to_mono(sreq.scheduled_at)
+                live.scheduled_wall = max(live.arrival_wall, now - max(ago, 0.0))
+            metrics.ttft.observe(now - live.arrival_wall)
+            self._window_prompt += sreq.prompt_tokens
+        else:
+            metrics.observe_gap(now - (live.last_wall or now))
+        live.last_wall = now
 
     def _finished(self, live: Live, now: float) -> None:
+        live.recorded = True
         metrics = self.metrics
         sreq = live.sreq
         first = live.first_wall or now
@@ -304,8 +369,9 @@ class HttpServer:
                 except HttpError as exc:
                     self._simple(writer, exc.status, {"detail": REASONS.get(exc.status, "Bad Request")}, False)
                     break
+                arrival = time.time()  # the request has been read: as vLLM's API server stamps its arrival
                 keep_alive = await self.dispatch(reader, writer, method, target, version, headers, body, keep_alive,
-                                                 client)
+                                                 client, arrival)
                 await writer.drain()
                 if not keep_alive:
                     break
@@ -413,7 +479,8 @@ class HttpServer:
     # -- routing ------------------------------------------------------------
 
     async def dispatch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: str, target: str,
-                       version: str, headers: dict[str, str], body: bytes, keep_alive: bool, client: str) -> bool:
+                       version: str, headers: dict[str, str], body: bytes, keep_alive: bool, client: str,
+                       arrival: float | None = None) -> bool:
         path = target.split("?", 1)[0]
         status = 200
         try:
@@ -453,7 +520,7 @@ class HttpServer:
                     self._simple(writer, exc.status, exc.body(), keep_alive)
                     return keep_alive
                 try:
-                    live = self.engine.submit(gen, client_id or gen.request_id)
+                    live = self.engine.submit(gen, client_id or gen.request_id, arrival)
                 except ValueError as exc:
                     status = 400
                     self._simple(writer, 400, openai.error_body(str(exc), "BadRequestError", 400), keep_alive)
@@ -468,19 +535,13 @@ class HttpServer:
             if path not in ("/v1/completions", "/v1/chat/completions") or status != 200:
                 self._access(client, method, target, version, status)
 
-    async def _await_tokens(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, live: Live) -> bool:
-        """Wait for tokens (streams) or the end (otherwise); False, and the request aborted, if the client left."""
-        while not (live.done or (live.pending and live.gen.stream)):
-            await live.wait(DISCONNECT_CHECK_SECONDS)
-            if reader.at_eof() or writer.is_closing():
-                self.engine.abort(live)
-                return False
-        return True
-
     async def _complete(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, live: Live,
                         keep_alive: bool, extra: list[tuple[str, str]] | None) -> bool:
-        if not await self._await_tokens(reader, writer, live):
-            return False
+        while not live.done:
+            await live.wait(DISCONNECT_CHECK_SECONDS)
+            if not live.done and (reader.at_eof() or writer.is_closing()):
+                self.engine.abort(live)
+                return False
         shaper = openai.Shaper(live.gen)
         output = live.sreq.output_tokens
         self._simple(writer, 200, shaper.response(live.text.text(0, output), output), keep_alive, extra)
@@ -488,41 +549,33 @@ class HttpServer:
 
     async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, live: Live, version: str,
                       keep_alive: bool, extra: list[tuple[str, str]] | None) -> bool:
+        """Write the head, then leave the events to the engine loop (``Engine.flush``); step in for a slow consumer
+        (drain, then write what accumulated) and watch for a client that went away."""
         chunked = version == "HTTP/1.1"
         keep_alive = keep_alive and chunked
         writer.write(self._head(200, "text/event-stream; charset=utf-8", None, keep_alive, extra, chunked=chunked))
-
-        def frame(data: bytes) -> bytes:
-            return b"%x\r\n%s\r\n" % (len(data), data) if chunked else data
-
-        shaper = openai.Shaper(live.gen)
-        sent = 0
+        live.chunked = chunked
+        live.shaper = openai.Shaper(live.gen)
+        live.transport = writer.transport  # type: ignore[assignment]
+        engine = self.engine
         try:
-            await writer.drain()
             while True:
-                if not await self._await_tokens(reader, writer, live):
-                    return False
-                count = live.take()
-                if count == 0 and not live.done:
-                    continue
-                data = b""
-                if sent == 0 and shaper.chat:
-                    data = shaper.role_chunk()
-                text = live.text.text(sent, count)
-                sent += count
-                done = live.done and live.pending == 0
-                data += shaper.token_chunk(text, sent, done)
-                if done:
-                    if live.gen.include_usage:
-                        data += shaper.usage_chunk(sent)
-                    data += shaper.done()
-                writer.write(frame(data) + (b"0\r\n\r\n" if done and chunked else b""))
-                await writer.drain()
-                if done:
+                if live.pending or (live.done and not live.recorded):
+                    await writer.drain()
+                    engine.flush(live)
+                if live.recorded:
                     return keep_alive
+                if live.aborted:
+                    return False
+                if reader.at_eof() or writer.is_closing():
+                    engine.abort(live)
+                    return False
+                await live.wait(DISCONNECT_CHECK_SECONDS)
         except (ConnectionError, RuntimeError):
-            self.engine.abort(live)
+            engine.abort(live)
             return False
+        finally:
+            live.transport = None
 
 
 async def serve(engine: Engine, server: HttpServer, sock: Any, host: str, port: int, stop: asyncio.Event,

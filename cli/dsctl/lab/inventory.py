@@ -18,6 +18,25 @@ from dsctl.lab.seed import REBOOT_COMMAND
 GROUP = "npu_nodes"
 
 
+def demo_service(npus: int) -> dict[str, Any]:
+    """The service `dsctl deploy` starts on a fresh lab: DeepSeek-R1-Distill-Qwen-7B, TP4 instances.
+
+    It is what a site would declare for real vllm-ascend (the model path is where a site keeps weights);
+    on the lab the serving venv's stand-in vllm is dsctl's emulated engine, which needs no weights.
+    """
+    per_instance = 4 if npus >= 4 else npus
+    return {
+        "name": "chat",
+        "engine": "vllm-ascend",
+        "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
+        "served_model_name": "deepseek-r1-distill-qwen-7b",
+        "npus_per_instance": per_instance,
+        "instances": npus // per_instance,
+        "port": 8000,
+        "params": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
+    }
+
+
 def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
     group_vars: dict[str, Any] = {
         "ansible_user": "root",
@@ -29,6 +48,9 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         "dsctl_npu_count": spec.npus,
         "dsctl_package_source": str(paths.packages),
         "dsctl_reboot_command": REBOOT_COMMAND,
+        # Lab hosts have no systemd as PID 1 (nor do many containers): instances run under supervisord.
+        "dsctl_service_manager": "supervisor",
+        "dsctl_services": [demo_service(spec.npus)],
     }
     inventory = {
         "all": {

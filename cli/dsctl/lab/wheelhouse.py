@@ -25,6 +25,27 @@ stand-ins declare no ``Requires-Dist``: the real ones pull dozens of PyPI
 packages that the offline wheelhouse does not carry, and ``--require-hashes``
 would need a pinned, hashed line for every one of them.
 
+The ``vllm`` stand-ins (every version, the same files) also serve: they carry
+
+* ``vllm/entrypoints/cli/main.py`` and, in the dist-info, ``entry_points.txt``
+  (``vllm = vllm.entrypoints.cli.main:main``, as the real wheel names it), so
+  pip writes ``<venv>/bin/vllm`` and ``vllm serve MODEL [flags]`` runs dsctl's
+  emulated engine (``dsctl.engine``; see ``STAND_IN_VLLM_MAIN`` for how the
+  command line is translated and the environment it reads:
+  ``DSCTL_ENGINE_STARTUP``, ``DSCTL_ENGINE_TIME_SCALE``);  ``vllm --version``
+  prints the stand-in's version;
+* a vendored copy of the part of dsctl the engine imports, as the top-level
+  ``dsctl`` package: the import closure of ``dsctl.engine.__main__`` and of the
+  entry point (every ``import``/``from ... import`` of a ``dsctl`` module,
+  function-level ones included, followed through the modules' sources; see
+  ``engine_closure``), plus the data files those modules read with
+  ``data.load("<name>")`` (``dsctl/data/<name>.yaml``).  The files are copied
+  byte for byte from the dsctl package this module belongs to.  That subset is
+  standard library only (``dsctl.engine.profiles`` stands in for PyYAML), so
+  ``<venv>/bin/python3 -m dsctl.engine serve ...`` works in the serving venv
+  too.  A serving venv is not meant to hold the real dsctl as well: both would
+  own ``dsctl/``.
+
 Output is deterministic (sorted entries, fixed zip times and modes, stored
 uncompressed so the bytes do not depend on the zlib build), so the same
 releases give the same bytes and the same SHA256SUMS.
@@ -32,6 +53,7 @@ releases give the same bytes and the same SHA256SUMS.
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import io
@@ -48,6 +70,13 @@ SUMS_FILE = "SHA256SUMS"
 # Distribution (as the real wheels spell it) -> releases.yaml vllm_ascend_matrix key; the import name is the same.
 DISTRIBUTIONS = {"torch": "torch", "torch_npu": "torch_npu", "vllm": "vllm", "vllm_ascend": "vllm_ascend"}
 SUMMARY = "dsctl lab stand-in for {name} {version}: imports and reports its version, nothing else"
+VLLM_SUMMARY = "dsctl lab stand-in for vllm {version}: `vllm serve` runs dsctl's emulated engine (no weights, no NPU)"
+# The serving stand-in: the distribution that carries the entry point and the vendored engine.
+SERVING_DISTRIBUTION = "vllm"
+ENTRY_POINTS = "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
+ENGINE_ROOT = "dsctl.engine.__main__"
+# The dsctl package the vendored files are copied from: the one this module is part of.
+DSCTL_DIR = Path(__file__).resolve().parents[1]
 
 # PEP 440 public + local version, as the spec's appendix gives it (case-insensitive, surrounding space allowed).
 _PEP440 = re.compile(
@@ -144,21 +173,27 @@ def build_wheelhouse(out_dir: Path, releases: dict) -> list[Path]:
 def build_wheel(stand_in: StandIn) -> bytes:
     """The deterministic bytes of one stand-in wheel."""
     name, version = stand_in.name, stand_in.version
+    serving = name == SERVING_DISTRIBUTION
+    purpose = (
+        "version; beyond reporting that version it has `vllm serve` (vllm.entrypoints.cli.main), which runs\n"
+        "dsctl's emulated engine (the vendored top-level dsctl package): no weights, no NPU.\n"
+        if serving
+        else "version; it has no code beyond reporting that version.\n"
+    )
     init = (
         f'"""dsctl lab stand-in for {name} {version}, NOT the real package.\n\n'
         "Built by dsctl.lab.wheelhouse so lab hosts can install and import the serving stack at the pinned\n"
-        'version; it has no code beyond reporting that version.\n"""\n\n'
+        f'{purpose}"""\n\n'
         f'__version__ = "{version}"\n'
     )
-    metadata = (
-        "Metadata-Version: 2.1\n"
-        f"Name: {name}\n"
-        f"Version: {version}\n"
-        f"Summary: {SUMMARY.format(name=name, version=version)}\n"
-    )
+    summary = (VLLM_SUMMARY if serving else SUMMARY).format(name=name, version=version)
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
     wheel = f"Wheel-Version: 1.0\nGenerator: {GENERATOR}\nRoot-Is-Purelib: true\nTag: {WHEEL_TAG}\n"
     files = {f"{stand_in.module}/__init__.py": init.encode()}
     info = {f"{stand_in.dist_info}/METADATA": metadata.encode(), f"{stand_in.dist_info}/WHEEL": wheel.encode()}
+    if serving:
+        files.update(serving_files())
+        info[f"{stand_in.dist_info}/entry_points.txt"] = ENTRY_POINTS.encode()
     # Module files first, then the .dist-info with RECORD last (as PEP 427 recommends), each group sorted.
     members = {**dict(sorted(files.items())), **dict(sorted(info.items()))}
     record_path = f"{stand_in.dist_info}/RECORD"
@@ -176,6 +211,131 @@ def build_wheel(stand_in: StandIn) -> bytes:
     return buffer.getvalue()
 
 
+# =========================================================================== the serving stand-in (vllm)
+
+
+def serving_files(dsctl_dir: Path = DSCTL_DIR) -> dict[str, bytes]:
+    """Wheel path -> bytes of what the vllm stand-in adds: its entry point and the vendored engine."""
+    files = {
+        "vllm/entrypoints/__init__.py": b'"""dsctl lab stand-in: vllm.entrypoints (only the CLI)."""\n',
+        "vllm/entrypoints/cli/__init__.py": b'"""dsctl lab stand-in: vllm.entrypoints.cli (only `vllm serve`)."""\n',
+        "vllm/entrypoints/cli/main.py": STAND_IN_VLLM_MAIN.encode(),
+    }
+    files.update(vendored_dsctl(dsctl_dir))
+    return files
+
+
+def vendored_dsctl(dsctl_dir: Path = DSCTL_DIR) -> dict[str, bytes]:
+    """Wheel path (``dsctl/...``) -> bytes of every dsctl file the engine and the entry point need."""
+    modules = engine_closure([ENGINE_ROOT], dsctl_dir, extra_sources=(STAND_IN_VLLM_MAIN,))
+    files: dict[str, bytes] = {}
+    data_names: set[str] = set()
+    for module in modules:
+        path = _module_file(module, dsctl_dir)
+        assert path is not None, module  # engine_closure keeps modules only
+        source = path.read_bytes()
+        files["dsctl/" + path.relative_to(dsctl_dir).as_posix()] = source
+        data_names.update(_DATA_LOAD.findall(source.decode("utf-8")))
+    for data_name in sorted(data_names):
+        path = dsctl_dir / "data" / f"{data_name}.yaml"
+        if not path.is_file():
+            raise FileNotFoundError(f"the engine loads data {data_name!r} but {path} does not exist")
+        files[f"dsctl/data/{data_name}.yaml"] = path.read_bytes()
+    return dict(sorted(files.items()))
+
+
+# `data.load("profiles")` in a vendored module: ship dsctl/data/profiles.yaml.
+_DATA_LOAD = re.compile(r"\bdata\.load\(\s*[\"']([A-Za-z0-9_-]+)[\"']\s*\)")
+
+
+def engine_closure(roots: list[str], dsctl_dir: Path = DSCTL_DIR, extra_sources: tuple[str, ...] = ()) -> list[str]:
+    """Every ``dsctl`` module that importing ``roots`` (and running them) can import, sorted.
+
+    Static: every ``import dsctl...`` / ``from dsctl... import x`` / relative import anywhere in a module's
+    source (function bodies included, since the engine imports lazily; ``if TYPE_CHECKING:`` blocks
+    excluded), followed transitively, plus every package above each module (importing a module runs its
+    packages' ``__init__``).  ``from pkg import name`` counts ``pkg.name`` when that is a module, else only
+    ``pkg``.  ``extra_sources`` are more importing code (the stand-in's entry point).  Non-dsctl imports
+    are left out: the vendored engine must need the standard library only, which the wheelhouse tests check
+    by serving from a venv holding nothing else.
+    """
+    pending = [name for root in roots for name in _with_parents(root)]
+    for source in extra_sources:
+        pending += _dsctl_imports(ast.parse(source), "", dsctl_dir)
+    seen: set[str] = set()
+    while pending:
+        module = pending.pop()
+        if module in seen:
+            continue
+        path = _module_file(module, dsctl_dir)
+        if path is None:
+            raise ModuleNotFoundError(f"the engine imports {module} but {dsctl_dir} has no such module")
+        seen.add(module)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        pending += _dsctl_imports(ast.parse(path.read_bytes(), filename=str(path)), package, dsctl_dir)
+    return sorted(seen)
+
+
+def _with_parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[: n + 1]) for n in range(len(parts))]
+
+
+def _module_file(module: str, dsctl_dir: Path) -> Path | None:
+    """The file of dsctl module ``module`` under ``dsctl_dir``, or None when there is none."""
+    parts = module.split(".")
+    if parts[0] != "dsctl":
+        return None
+    base = dsctl_dir.joinpath(*parts[1:])
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if len(parts) > 1 and base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def _dsctl_imports(tree: ast.AST, package: str, dsctl_dir: Path) -> list[str]:
+    """The dsctl modules (with their parent packages) that the statements of ``tree`` import."""
+    found: list[str] = []
+
+    def add(module: str) -> None:
+        if module == "dsctl" or module.startswith("dsctl."):
+            found.extend(_with_parents(module))
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for statement in child.orelse:
+                    visit_one(statement)
+            else:
+                visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")[: max(len(package.split(".")) - (node.level - 1), 0)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            add(base)
+            for alias in node.names:
+                if base.startswith("dsctl") and _module_file(f"{base}.{alias.name}", dsctl_dir) is not None:
+                    add(f"{base}.{alias.name}")
+        visit(node)
+
+    visit(tree)
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def _record_digest(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -185,3 +345,177 @@ def _write_atomically(path: Path, data: bytes) -> None:
     temp.write_bytes(data)
     temp.chmod(0o644)
     os.replace(temp, path)
+
+
+# `vllm/entrypoints/cli/main.py` of the vllm stand-ins (the same for every version).  It runs in the serving
+# venv, next to the vendored dsctl, so it may import dsctl.engine and the standard library only.
+STAND_IN_VLLM_MAIN = '''"""``vllm`` in dsctl's lab: ``vllm serve MODEL [flags]`` runs dsctl's emulated engine.
+
+NOT the real vLLM: a lab stand-in built by dsctl.lab.wheelhouse.  The wheel vendors the part of dsctl the
+engine needs (the top-level ``dsctl`` package, standard library only) and this entry point hands the command
+line of a real host to ``dsctl.engine.__main__.main(["serve", ...])``, changed as follows:
+
+* MODEL (positional, or ``--model``) may be a checkpoint path or a Hugging Face id, e.g.
+  /models/DeepSeek-R1-Distill-Qwen-7B or deepseek-ai/DeepSeek-R1: the whole string, then its last path
+  component, lower-cased (then with "_" read as "-"), is matched against the model names and aliases of
+  the engine's profiles (dsctl/data/profiles.yaml, or ``--profile-json``); the engine serves the profile
+  matched.  Without a match MODEL goes on as given and the engine names the profiles it knows.
+* ``--served-model-name`` defaults to MODEL as given, as vLLM's does.
+* ``--flag_name`` is read as ``--flag-name``, as vLLM reads it.  Flags the engine does not know (vLLM flags
+  it does not model, e.g. --data-parallel-size, --enable-prefix-caching, --compilation-config) are dropped
+  with a warning on stderr, with the value that follows them.
+* Start-up time: without ``--startup``, ``--startup $DSCTL_ENGINE_STARTUP`` (modelled seconds, default 2;
+  "model" leaves it to the engine, which models loading every weight byte plus ~60 s of init, i.e. over a
+  minute at time scale 1); without ``--time-scale``, ``--time-scale $DSCTL_ENGINE_TIME_SCALE`` when that
+  is set (else the engine's 1: modelled seconds are wall seconds).
+
+``vllm --version`` (or ``-v``) prints the stand-in's version; other subcommands are refused (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Any
+
+DEFAULT_STARTUP = "2"
+MODELLED_STARTUP = ("model", "modelled", "modeled", "auto")
+USAGE = "usage: vllm [-h] [-v] {serve} ...  (dsctl lab stand-in: only `vllm serve MODEL [flags]`)"
+_NUMBER = re.compile(r"-[0-9.]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["--version"], ["-v"]):
+        from vllm import __version__
+
+        print(__version__)
+        return 0
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if not args or args[0] != "serve":
+        print(USAGE, file=sys.stderr)
+        print(f"vllm: error: {args[0]!r} is not a command of the lab stand-in" if args else
+              "vllm: error: a command is required", file=sys.stderr)
+        return 2
+    from dsctl.engine import __main__ as engine
+
+    if "-h" in args[1:] or "--help" in args[1:]:
+        return engine.main(["serve", "--help"])
+    engine_args, dropped = engine_argv(args[1:], engine.build_parser(), load_models, os.environ)
+    if dropped:
+        print("WARNING [vllm stand-in] ignoring vLLM arguments the emulated engine does not model: "
+              + " ".join(dropped), file=sys.stderr, flush=True)
+    return engine.main(["serve", *engine_args])
+
+
+def engine_argv(args: list[str], parser: argparse.ArgumentParser, models: Any,
+                environ: Any) -> tuple[list[str], list[str]]:
+    """The engine's ``serve`` arguments for ``vllm serve`` ``args``, and the arguments dropped.
+
+    ``models(profile_json)`` gives the profiles' models table (name -> spec with ``aliases``).
+    """
+    known = serve_options(parser)
+    tokens = list(args)
+    model = tokens.pop(0) if tokens and not _is_flag(tokens[0]) else None
+    rest: list[str] = []
+    dropped: list[str] = []
+    given: set[str] = set()
+    profile_json = None
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if not _is_flag(token):
+            rest.append(token)
+            continue
+        name, equals, value = token.partition("=")
+        if name.startswith("--"):
+            name = "--" + name[2:].replace("_", "-")
+        action = known.get(name)
+        takes_value = bool(equals) or (index < len(tokens) and not _is_flag(tokens[index]))
+        if action is None:
+            dropped.append(token)
+            if not equals and takes_value:
+                dropped.append(tokens[index])
+                index += 1
+            continue
+        given.add(action.dest)
+        if action.dest in ("model", "profile_json") and not equals and takes_value:
+            value = tokens[index]
+            index += 1
+        if action.dest == "model" and (model is None or value == model):
+            model = value
+            continue
+        if action.dest == "profile_json":
+            profile_json = value
+        rest.append(name + equals + value if equals else name)
+        if action.dest in ("model", "profile_json") and not equals:
+            rest.append(value)
+    head: list[str] = []
+    if model is not None:
+        profile = match_profile(model, models(profile_json))
+        head.append(profile if profile is not None else model)
+        if "served_model_name" not in given:
+            rest += ["--served-model-name", model]
+    time_scale = environ.get("DSCTL_ENGINE_TIME_SCALE", "").strip()
+    if "time_scale" not in given and time_scale:
+        rest += ["--time-scale", time_scale]
+    startup = environ.get("DSCTL_ENGINE_STARTUP", "").strip() or DEFAULT_STARTUP
+    if "startup" not in given and startup.lower() not in MODELLED_STARTUP:
+        rest += ["--startup", startup]
+    return head + rest, dropped
+
+
+def serve_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Option string -> action of the engine parser's ``serve`` command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices["serve"]._option_string_actions)
+    raise RuntimeError("the engine's parser has no serve command")
+
+
+def match_profile(model: str, models: dict[str, Any]) -> str | None:
+    """The profile name ``model`` (a path, a Hugging Face id or a profile name) stands for, or None."""
+    text = model.strip()
+    candidates: list[str] = []
+    for form in (text, os.path.basename(text.rstrip("/"))):
+        for candidate in (form.lower(), form.lower().replace("_", "-")):
+            if candidate and candidate not in candidates:
+                candidates.append(candidate)
+    for candidate in candidates:
+        for name, spec in models.items():
+            aliases = spec.get("aliases") or () if isinstance(spec, dict) else ()
+            if candidate == str(name).lower() or candidate in (str(alias).lower() for alias in aliases):
+                return str(name)
+    return None
+
+
+def load_models(profile_json: str | None) -> dict[str, Any]:
+    """The models table of the engine's profiles; empty when it cannot be read (the engine then says why)."""
+    try:
+        if profile_json:
+            import json
+
+            with open(profile_json, encoding="utf-8") as handle:
+                return dict(json.load(handle).get("models") or {})
+        from dsctl.engine import profiles
+
+        profiles.import_perfmodel(None)  # registers the engine's YAML reader when PyYAML is absent
+        from dsctl import data
+
+        return dict(data.load("profiles").get("models") or {})
+    except Exception:  # the engine reports unreadable profiles itself
+        return {}
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not _NUMBER.match(token)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
