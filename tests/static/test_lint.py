@@ -20,7 +20,7 @@ BIN = Path(sys.executable).parent
         ["yamllint", "--strict", "."],
         ["ansible-lint", "--profile", "production", "--offline"],
         ["ansible-playbook", "--syntax-check", "-i", "inventories/sample/hosts.yml", "playbooks/npu_info.yml",
-         "playbooks/provision.yml", "playbooks/check.yml"],
+         "playbooks/provision.yml", "playbooks/check.yml", "playbooks/deploy.yml"],
     ],
     ids=lambda command: command[0],
 )

@@ -39,7 +39,8 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 REBOOT_SCRIPT = """\
 #!/bin/sh
 # Reboot this lab host (dsctl lab). A real site sets its own reboot command.
-setsid sh -c 'sleep 1; kill -USR1 1' </dev/null >/dev/null 2>&1 &
+# The reboot kills this helper too; if a signal were ever lost the helper is still alive and asks again.
+setsid sh -c 'sleep 1; while kill -USR1 1; do sleep 5; done' </dev/null >/dev/null 2>&1 &
 echo "Rebooting $(hostname)."
 """
 
