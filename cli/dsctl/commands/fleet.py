@@ -109,8 +109,8 @@ def provision(
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     hint = _rerun_hint(run, "provision", inventory)
     if hint:
-        console.print(hint, markup=False)
-    console.print(f"run log: {run.log}", markup=False, style="dim")
+        console.print(hint, markup=False, soft_wrap=True)
+    console.print(f"run log: {run.log}", markup=False, style="dim", soft_wrap=True)
     raise typer.Exit(int(code))
 
 
@@ -248,7 +248,7 @@ def deploy(
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     hint = _rerun_hint(run, "deploy", inventory)
     if hint:
-        console.print(hint, markup=False)
-    console.print(f"run log: {run.log}", markup=False, style="dim")
+        console.print(hint, markup=False, soft_wrap=True)
+    console.print(f"run log: {run.log}", markup=False, style="dim", soft_wrap=True)
     raise typer.Exit(int(code))
 

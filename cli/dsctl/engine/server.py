@@ -12,19 +12,22 @@ wall seconds times ``time_scale``, anchored when the engine wakes from idle,
 so the loop sleeps until each iteration's modelled end and never accumulates
 drift; if the host falls behind it catches up without sleeping.  The engine
 loop writes the tokens an iteration emits straight to each stream's
-transport, one SSE event per request and iteration, yielding to the event
-loop every ``WRITES_PER_YIELD`` writes so that requests arriving during a
-burst of hundreds of writes are read promptly.  A stream whose transport
-buffer is above ``WRITE_HIGH_WATER`` (a slow consumer) is left to its
-handler, which drains and then writes whatever has accumulated as one event
-(as vLLM merges outputs a slow consumer has not read yet).
+transport, one SSE event per request and iteration, and lets the event loop
+run after every ``WRITE_SLICE_SECONDS`` of writing, so that a request that
+arrives during a burst of hundreds of writes is read promptly.  A stream
+whose transport holds more than ``WRITE_HIGH_WATER`` unsent bytes (a slow
+consumer) is left to its handler, which drains and then writes whatever has
+accumulated as one event (as vLLM merges outputs a slow consumer has not
+read yet).
 
 The record (``--record``) and the TTFT/e2e metrics use wall-clock stamps
-taken where vLLM's API server would see them: ``arrival`` once the request's
-bytes have been read (head and body), ``first_token_time`` once the first
-content event has been handed to the socket (``transport.write`` returned;
-for non-streaming requests, when the iteration delivered the token), and
-``finish_time`` once the last event has been.
+taken at the server's edge, so that a client's TTFT agrees with the
+engine's: ``arrival`` when the request's bytes have been read from the
+socket (the read that completed it, not the later turn of its handler on a
+loop busy writing other streams' tokens), ``first_token_time`` once the
+first content event has been handed to the socket (``transport.write``
+returned; for non-streaming requests, when the iteration delivered the
+token), and ``finish_time`` once the last event has been.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
 DISCONNECT_CHECK_SECONDS = 1.0
-WRITES_PER_YIELD = int(__import__("os").environ.get("WPY", "16"))  # engine-loop writes between two passes of the event loop (reads of new requests)
+WRITE_SLICE_SECONDS = 0.0001  # the longest the engine loop writes tokens before it lets the event loop read requests
 WRITE_HIGH_WATER = 64 * 1024  # bytes buffered in a transport above which its handler drains and merges events
 ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/metrics": ("GET",), "/version": ("GET",),
           "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",)}
@@ -179,8 +182,7 @@ class Engine:
                 await asyncio.sleep(0)  # behind schedule: catch up, but let the handlers run in between
             virtual_now = self._anchor_virtual + (loop.time() - self._anchor_wall) / scale
             events = self.sched.advance(max(0.0, min(end, virtual_now) - self.sched.now))
-            if events:
-                await self._deliver(events)
+            await self._deliver(events)
 
     async def _deliver(self, events: list[tuple[Request, int]]) -> None:
         """Hand an iteration's tokens out: streams are written here, one event each; the rest wake their handler."""
@@ -188,7 +190,8 @@ class Engine:
         for tokens in self.sched.iteration_tokens:
             metrics.iteration_tokens.observe(tokens)
         self.sched.iteration_tokens.clear()
-        writes = 0
+        loop = asyncio.get_running_loop()
+        slice_end = loop.time() + WRITE_SLICE_SECONDS
         for sreq, count in events:
             live: Live = sreq.payload
             if live.aborted:
@@ -213,9 +216,9 @@ class Engine:
                 live.wake()  # a slow consumer: its handler drains, then writes what accumulated as one event
                 continue
             self.flush(live)
-            writes += 1
-            if writes % WRITES_PER_YIELD == 0:
+            if loop.time() >= slice_end:
                 await asyncio.sleep(0)  # let the loop read requests that arrived during this burst
+                slice_end = loop.time() + WRITE_SLICE_SECONDS
 
     def flush(self, live: Live) -> None:
         """Write a stream's unwritten tokens as one SSE event (the last with the usage chunk, [DONE] and the chunked
@@ -340,6 +343,16 @@ def _json_bytes(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+class _Reader(asyncio.StreamReader):
+    """A StreamReader that remembers when it was last fed (``time.time()`` of the latest socket read)."""
+
+    read_at = 0.0
+
+    def feed_data(self, data: bytes) -> None:
+        self.read_at = time.time()
+        super().feed_data(data)
+
+
 class HttpServer:
     def __init__(self, engine: Engine, config: ServerConfig):
         self.engine = engine
@@ -369,7 +382,9 @@ class HttpServer:
                 except HttpError as exc:
                     self._simple(writer, exc.status, {"detail": REASONS.get(exc.status, "Bad Request")}, False)
                     break
-                arrival = time.time()  # the request has been read: as vLLM's API server stamps its arrival
+                # arrival: when the server read the request's last bytes from the socket (vLLM's API server stamps
+                # it on receipt), not when this handler got its turn on a loop busy writing other streams' tokens
+                arrival = getattr(reader, "read_at", 0.0) or time.time()
                 keep_alive = await self.dispatch(reader, writer, method, target, version, headers, body, keep_alive,
                                                  client, arrival)
                 await writer.drain()
@@ -583,7 +598,12 @@ async def serve(engine: Engine, server: HttpServer, sock: Any, host: str, port: 
     """Accept connections on an already bound socket until ``stop`` is set."""
     loop_task = asyncio.create_task(engine.run())
     stats_task = asyncio.create_task(engine.log_stats()) if engine.config.log_stats_interval > 0 else None
-    aserver = await asyncio.start_server(server.handle, sock=sock, limit=MAX_HEADER_BYTES, backlog=4096)
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, with a reader that stamps its reads
+        return asyncio.StreamReaderProtocol(_Reader(limit=MAX_HEADER_BYTES, loop=loop), server.handle, loop=loop)
+
+    aserver = await loop.create_server(protocol, sock=sock, backlog=4096)
     server.ready = True
     if on_ready:
         on_ready()
