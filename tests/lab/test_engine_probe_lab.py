@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +12,22 @@ from .conftest import dsctl, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
-VENV_PYTHON = Path(sys.executable)
 PORT = 8000
 
 
 @pytest.fixture(scope="module")
 def engine_on_lab_host(bare_lab):
-    """`dsctl engine serve` started over SSH on lab-01, as a site would start any serving process."""
+    """The engine installed on lab-01 from the lab's wheelhouse (the stand-in vllm wheel carries it) and
+    started over SSH, as a site would start any serving process; the controller's files are not visible there."""
     host = next(h for h in bare_lab.spec.members if h.name == "lab-01")
+    wheel = next((bare_lab.paths.packages / "wheels").glob("vllm-0.13.0-*.whl"))
+    bare_lab.sh_ok("lab-01", "mkdir -p /root/wheels")
+    uploaded = bare_lab.upload("lab-01", f"wheels/{wheel.name}")
+    bare_lab.sh_ok("lab-01", f"python3 -m venv /root/engine-venv && PIP_CONFIG_FILE=/dev/null "
+                             f"/root/engine-venv/bin/pip install -q --no-index {uploaded}")
     command = (
-        f"setsid {VENV_PYTHON} -m dsctl.engine serve deepseek-r1-distill-qwen-7b --port {PORT} "
+        "setsid /root/engine-venv/bin/python -m dsctl.engine serve deepseek-r1-distill-qwen-7b "
+        f"--port {PORT} "
         "--time-scale 0.05 --startup 0 --seed 7 --record /tmp/engine-record.jsonl "
         "> /tmp/engine.log 2>&1 < /dev/null &"
     )
