@@ -22,18 +22,14 @@ import pytest
 import dsctl
 from dsctl.engine.text import count_tokens
 
+from .conftest import free_port
+
 CLI = Path(dsctl.__file__).resolve().parents[1]
 
 MODEL = "deepseek-r1-distill-qwen-7b"
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 READY_LINE = "Uvicorn running on"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Engine:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from .conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "playbooks" / "library"
@@ -36,12 +37,6 @@ def load_module():
 
 
 sh = load_module()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Engine:

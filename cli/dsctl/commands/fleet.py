@@ -21,14 +21,9 @@ REPORT_FACT = "ascend_validate_report"
 LOG_LINES_SHOWN = 10
 
 
-def _validate_inventory(inventory: Path) -> dict[str, inventory_schema.HostSettings]:
+def _validate_inventory(inventory: Path, hostvars: dict | None = None) -> dict[str, inventory_schema.HostSettings]:
     """Schema and matrix check of every host before any play runs (one-line error, exit 2 or 3)."""
-    return inventory_schema.validate_fleet(inventory_adapter.host_vars(inventory))
-
-
-def _addresses(inventory: Path) -> dict[str, str]:
-    return {host: str(values.get("ansible_host", host))
-            for host, values in inventory_adapter.host_vars(inventory).items()}
+    return inventory_schema.validate_fleet(inventory_adapter.host_vars(inventory) if hostvars is None else hostvars)
 
 
 def _versions(report: dict[str, Any]) -> dict[str, str]:
@@ -69,6 +64,17 @@ def _rerun_hint(run: PlaybookRun, command: str, inventory: Path) -> str | None:
     return f"re-run these hosts once fixed: dsctl {command} {inventory} --limit {','.join(redo)}"
 
 
+def _print_run_tail(run: PlaybookRun, errors: list[str], command: str, inventory: Path) -> None:
+    """Failures with their log lines, which hosts to re-run, and where the run's log is (stderr)."""
+    console = ui.stderr_console()
+    for line in errors:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    hint = _rerun_hint(run, command, inventory)
+    if hint:
+        console.print(hint, markup=False, soft_wrap=True)
+    console.print(f"run log: {run.log}", markup=False, style="dim", soft_wrap=True)
+
+
 def provision(
     inventory: InventoryArg,
     limit: LimitOption = None,
@@ -104,13 +110,7 @@ def provision(
         [[r["host"], r["driver"], r["firmware"], r["cann"], r["torch_npu"], r["vllm_ascend"], r["changed"],
           r["status"]] for r in rows],
     )
-    console = ui.stderr_console()
-    for line in errors:
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
-    hint = _rerun_hint(run, "provision", inventory)
-    if hint:
-        console.print(hint, markup=False, soft_wrap=True)
-    console.print(f"run log: {run.log}", markup=False, style="dim", soft_wrap=True)
+    _print_run_tail(run, errors, "provision", inventory)
     raise typer.Exit(int(code))
 
 
@@ -199,7 +199,8 @@ def deploy(
     as_json: JsonOption = False,
 ) -> None:
     """Render and (re)start the inference instances of dsctl_services, health-gated, rolling back on failure."""
-    settings = _validate_inventory(inventory)
+    hostvars = inventory_adapter.host_vars(inventory)  # read once: settings here, endpoints below
+    settings = _validate_inventory(inventory, hostvars)
     if render:
         hosts = set(limit.split(",")) if limit else None
         preview = _render_preview(settings, hosts)
@@ -217,7 +218,7 @@ def deploy(
                            extra_vars=extra)
     from dsctl.core import service
 
-    addresses = _addresses(inventory)
+    addresses = {host: str(values.get("ansible_host", host)) for host, values in hostvars.items()}
     rows = []
     for name in sorted(run.hosts):
         host = run.hosts[name]
@@ -243,12 +244,6 @@ def deploy(
                    ["host", "instance", "engine", "NPUs", "port", "status", "endpoint"],
                    [[r["host"], r["instance"], r["engine"], r["npus"], r["port"], r["status"], r["endpoint"]]
                     for r in rows])
-    console = ui.stderr_console()
-    for line in errors:
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
-    hint = _rerun_hint(run, "deploy", inventory)
-    if hint:
-        console.print(hint, markup=False, soft_wrap=True)
-    console.print(f"run log: {run.log}", markup=False, style="dim", soft_wrap=True)
+    _print_run_tail(run, errors, "deploy", inventory)
     raise typer.Exit(int(code))
 

@@ -13,7 +13,6 @@ choice stops a run before any host is touched.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -23,13 +22,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from dsctl import data
 from dsctl.core import ascend_env
 from dsctl.core.matrix import resolve_stack
-from dsctl.core.service import ServiceSpec, validate_services
+
+# Text (strict str) and AccountName are shared with the service schema.
+from dsctl.core.service import AccountName, ServiceSpec, Text, validate_services
 from dsctl.core.stack import DesiredStack
 from dsctl.errors import DsctlError, ExitStatus
 
 SETTINGS_PREFIX = "dsctl_"
 FIX = "fix it in group_vars or host_vars"
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 _MAX_NAMED_HOSTS = 3
 
 
@@ -63,20 +63,12 @@ def _one_line(value: str) -> str:
     return value
 
 
-def _account_name(value: str) -> str:
-    if not _NAME_RE.match(value):
-        raise ValueError("not a user or group name")
-    return value
-
-
 # strict=True: YAML turns 24.1 into a float and "yes" stays a string; neither may slip through as a version
 # or a boolean (the roles would compare a float, or treat the string "false" as true).
-Text = Annotated[str, Field(strict=True)]
 AbsolutePath = Annotated[Text, AfterValidator(_absolute_path)]
 PathOrUrl = Annotated[Text, AfterValidator(_path_or_url)]
 HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 OneLine = Annotated[Text, AfterValidator(_one_line)]
-AccountName = Annotated[Text, AfterValidator(_account_name)]
 Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line)]
 Flag = Annotated[bool, Field(strict=True)]
 
