@@ -41,6 +41,7 @@ def test_fresh_hosts_are_provisioned_while_an_unreachable_one_is_reported(bare_f
     hosts = {row["host"]: row for row in report["data"]["hosts"]}
     assert result.returncode == 5, result.stderr
     assert hosts["lab-03"]["status"] == "unreachable"
+    assert report["data"]["rerun"] == ["lab-03"]
     for name in ("lab-01", "lab-02"):
         assert hosts[name]["status"] == "changed"
         wanted = ("25.5.0", "7.8.0.5.216", "8.5.0")

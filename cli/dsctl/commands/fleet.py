@@ -57,8 +57,12 @@ def _failure_lines(run: PlaybookRun) -> list[str]:
     return lines
 
 
+def _hosts_to_rerun(run: PlaybookRun) -> list[str]:
+    return sorted(run.hosts_with("failed") + run.hosts_with("unreachable"))
+
+
 def _rerun_hint(run: PlaybookRun, command: str, inventory: Path) -> str | None:
-    redo = sorted(run.hosts_with("failed") + run.hosts_with("unreachable"))
+    redo = _hosts_to_rerun(run)
     if not redo:
         return None
     return f"re-run these hosts once fixed: dsctl {command} {inventory} --limit {','.join(redo)}"
@@ -101,7 +105,8 @@ def provision(
     code = run.exit_status()
     errors = _failure_lines(run)
     if as_json:
-        ui.emit_json(["provision"], {"hosts": rows, "artifacts": str(run.artifacts), "check_mode": check},
+        ui.emit_json(["provision"], {"hosts": rows, "rerun": _hosts_to_rerun(run), "artifacts": str(run.artifacts),
+                                     "check_mode": check},
                      exit_code=int(code), errors=errors)
         raise typer.Exit(int(code))
     ui.print_table(
@@ -237,7 +242,8 @@ def deploy(
     code = run.exit_status()
     errors = _failure_lines(run)
     if as_json:
-        ui.emit_json(["deploy"], {"instances": rows, "artifacts": str(run.artifacts), "check_mode": check},
+        ui.emit_json(["deploy"], {"instances": rows, "rerun": _hosts_to_rerun(run), "artifacts": str(run.artifacts),
+                                  "check_mode": check},
                      exit_code=int(code), errors=errors)
         raise typer.Exit(int(code))
     ui.print_table(f"dsctl deploy{' --check' if check else ''}: {len(rows)} instances",
