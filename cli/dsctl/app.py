@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -44,12 +45,21 @@ def root(
     """dsctl: provision, deploy, tune and upgrade Ascend NPU inference fleets."""
 
 
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run dsctl; usage errors exit 2 (Typer), DsctlError exits with its status after one stderr line."""
+    # A kill or a CI timeout stops dsctl the way Ctrl-C does, so a running playbook is stopped with it.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         app(args=argv, prog_name="dsctl")
     except SystemExit as exc:  # Typer's own exits: --help, usage errors, typer.Exit(code)
-        return exc.code if isinstance(exc.code, int) else int(ExitStatus.OK if exc.code is None else ExitStatus.ERROR)
+        code = exc.code if isinstance(exc.code, int) else int(ExitStatus.OK if exc.code is None else ExitStatus.ERROR)
+        if code == ExitStatus.INTERRUPTED:  # Typer turns KeyboardInterrupt into a silent Exit(130)
+            print("dsctl: interrupted", file=sys.stderr)
+        return code
     except DsctlError as exc:
         print(f"dsctl: error: {exc}", file=sys.stderr)
         return int(exc.exit_status)

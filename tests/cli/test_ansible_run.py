@@ -6,8 +6,11 @@ import importlib.util
 import io
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,6 +169,7 @@ FAKE_ANSIBLE = """\
 import json, os, sys, time
 spec = json.load(open(os.environ["FAKE_SPEC"]))
 open(os.environ["FAKE_ARGV"], "w").write(json.dumps(sys.argv))
+open(os.environ["FAKE_ARGV"] + ".pid", "w").write(str(os.getpid()))
 print(spec.get("log", "PLAY [fake]"), flush=True)
 with open(os.environ["DSCTL_EVENTS_FILE"], "a") as events:
     for event in spec["events"]:
@@ -266,6 +270,56 @@ def test_interrupt_stops_ansible_and_reraises(fake_ansible, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ansible_run.run_playbook("npu_info.yml", inventory, on_event=interrupt)
     assert started and started[0].poll() is not None
+
+
+# dsctl as its own process, driving the fake ansible-playbook: a signal to dsctl must not leave the playbook running.
+DSCTL_PARENT = """\
+import sys
+from pathlib import Path
+from dsctl import app
+from dsctl.adapters import ansible_run
+from dsctl.commands import fleet
+ansible_run.ansible_playbook_bin = lambda: Path(sys.argv[1])
+fleet._validate_inventory = lambda inventory: None
+sys.exit(app.main(["check", sys.argv[2]]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_for(predicate, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux prctl")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_dsctl_takes_its_playbook_down(fake_ansible, tmp_path, signum):
+    inventory = fake_ansible(0, PLAY[:2], sleep=60)
+    parent = subprocess.Popen([sys.executable, "-c", DSCTL_PARENT, str(ansible_run.ansible_playbook_bin()),
+                               str(inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "argv.json.pid"
+    try:
+        assert _wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), 30), parent.stderr
+        playbook_pid = int(pid_file.read_text())
+        parent.send_signal(signum)
+        stdout, stderr = parent.communicate(timeout=60)
+        assert _wait_for(lambda: not _alive(playbook_pid)), "ansible-playbook outlived dsctl"
+    finally:
+        parent.kill()
+        parent.wait()
+    if signum == signal.SIGTERM:  # dsctl itself saw it as an interrupt
+        assert parent.returncode == ExitStatus.INTERRUPTED and "dsctl: interrupted" in stderr, stdout + stderr
 
 
 def test_missing_inventory_and_playbook(tmp_path):

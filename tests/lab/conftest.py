@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,11 +28,41 @@ def lab_capable() -> bool:
 requires_lab = pytest.mark.skipif(not lab_capable(), reason="the lab needs Linux and root")
 
 
-def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT, **kwargs) -> subprocess.CompletedProcess:
-    """Run the installed CLI exactly as a user would."""
+COMMAND_TIMEOUT = 300.0
+
+
+def _newest_ansible_log_tail(lines: int = 40) -> str:
+    runs = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "dsctl" / "runs"
+    logs = sorted(runs.glob("*/ansible.log"), key=lambda log: log.stat().st_mtime)
+    if not logs:
+        return "(no ansible.log)"
+    return f"{logs[-1]}:\n" + "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
+
+
+def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT, input: str | None = None,
+          timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess:
+    """Run the installed CLI exactly as a user would.
+
+    A run that outlives ``timeout`` is interrupted as a user would (SIGINT: dsctl stops its playbook, so
+    nothing keeps changing lab hosts under the next test) and fails with where it was stuck.
+    """
     env = {**os.environ, "DSCTL_LAB_ROOT": str(root), "COLUMNS": "200"}
-    result = subprocess.run([sys.executable, "-m", "dsctl", *args], text=True, capture_output=True, env=env,
-                            timeout=300, **kwargs)
+    argv = [sys.executable, "-m", "dsctl", *args]
+    with subprocess.Popen(argv, text=True, env=env, stdin=subprocess.PIPE if input is not None else None,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            stdout, stderr = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                stdout, stderr = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            stuck_at = "\n".join(stderr.splitlines()[-15:])
+            raise AssertionError(f"dsctl {' '.join(args)} did not finish in {timeout:g} s; it was at:\n{stuck_at}\n"
+                                 f"{_newest_ansible_log_tail()}") from None
+    result = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(f"dsctl {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result

@@ -23,6 +23,7 @@ def test_defaults_and_ignored_keys():
     assert settings.dsctl_npu_count == 8
     assert settings.dsctl_reboot_command == "shutdown -r now"
     assert settings.dsctl_allow_reboot is True
+    assert settings.dsctl_reboot_timeout == 900
     assert settings.dsctl_force_unhealthy is False
     assert settings.dsctl_install_path == "/usr/local/Ascend"
     assert (settings.dsctl_run_user, settings.dsctl_run_group) == ("HwHiAiUser", "HwHiAiUser")
@@ -71,6 +72,9 @@ def test_the_sample_inventory_settings_pass():
          'quote it: dsctl_cann_version: "8.5"'),
         ({"dsctl_min_free_disk_gb": 0},
          "inventory: host lab-01: dsctl_min_free_disk_gb: expected an integer number of GB >= 1, got 0; "
+         "fix it in group_vars or host_vars"),
+        ({"dsctl_reboot_timeout": 5},
+         "inventory: host lab-01: dsctl_reboot_timeout: expected an integer number of seconds, 30..7200, got 5; "
          "fix it in group_vars or host_vars"),
         ({"dsctl_install_path": "usr/local/Ascend"},
          "inventory: host lab-01: dsctl_install_path: expected an absolute path, got 'usr/local/Ascend'; "

@@ -10,6 +10,7 @@ newest KEEP_RUNS are kept.
 from __future__ import annotations
 
 import configparser
+import ctypes
 import json
 import os
 import re
@@ -36,6 +37,7 @@ LOG_TAIL_LINES = 20
 INTERRUPT_GRACE_SECONDS = 30.0
 # ssh's ControlPath is <dir>/<40-char %C hash> plus a 17-char temporary suffix; sun_path holds 107 bytes.
 MAX_CONTROL_DIR_LEN = 45
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # ansible-playbook's own exit codes (ansible.errors.ExitCode).
 RC_HOST_FAILED, RC_UNREACHABLE_OR_PARSER, RC_INVALID_OPTION, RC_INTERRUPTED = 2, 4, 5, 99
 
@@ -379,6 +381,15 @@ def _stop(proc: subprocess.Popen, grace: float = INTERRUPT_GRACE_SECONDS) -> Non
             continue
 
 
+def _interrupt_when_parent_dies() -> None:
+    """In the forked child: SIGINT it if dsctl dies, even by SIGKILL, so no playbook runs on unsupervised."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+    except (OSError, AttributeError):  # not Linux: the interrupt handlers still cover Ctrl-C and SIGTERM
+        pass
+
+
 def _killpg(proc: subprocess.Popen, sig: int) -> bool:
     try:
         os.killpg(proc.pid, sig)  # ansible-playbook leads its own process group (start_new_session)
@@ -452,7 +463,8 @@ def run_playbook(
         with (artifacts / "ansible.log").open("wb") as log:
             # Own session: a terminal Ctrl-C reaches dsctl only, which forwards one SIGINT; no tty for prompts.
             proc = subprocess.Popen(argv, cwd=artifacts, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_interrupt_when_parent_dies)
         try:
             while proc.poll() is None:
                 deliver()

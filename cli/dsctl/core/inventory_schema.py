@@ -85,6 +85,10 @@ class HostSettings(BaseModel):
     dsctl_package_source: Annotated[PathOrUrl, Field(description="an absolute path or an http(s):// URL")]
     dsctl_reboot_command: Annotated[OneLine, Field(description="a one-line command")] = "shutdown -r now"
     dsctl_allow_reboot: Annotated[Flag, Field(description=_FLAG)] = True
+    # A server with eight 910B chips can take ten minutes to come back (BIOS, BMC, NPU init).
+    dsctl_reboot_timeout: Annotated[
+        int, Field(strict=True, ge=30, le=7200, description="an integer number of seconds, 30..7200")
+    ] = 900
     dsctl_driver_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_firmware_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_cann_version: Annotated[Version | None, Field(description=_VERSION)] = None

@@ -47,8 +47,15 @@ class _PowerOff(Exception):
     pass
 
 
+HOST_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGTERM, signal.SIGINT})
+BOOT_ATTEMPTS = 5
+
+
 def _raise(exc: type[Exception]):
     def handler(_signum, _frame):
+        # Block before raising: a second reboot signal (the reboot helper repeats until it is killed) landing
+        # before the except clause runs would otherwise escape it and end PID 1, which kills the host.
+        signal.pthread_sigmask(signal.SIG_BLOCK, HOST_SIGNALS)
         raise exc()
 
     return handler
@@ -179,16 +186,29 @@ def main(argv: list[str] | None = None) -> int:
         try:
             reap_forever()
         except _Reboot:
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
-            stop_everything_else()
-            unmount_runtime()
             boots += 1
-            boot(args.hostname, hw_fd, host_fd, boots)
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            reboot(args.hostname, hw_fd, host_fd, boots)
+            # A reboot asked for while this one ran is satisfied by it; a power-off is not.
+            while signal.SIGUSR1 in signal.sigpending():
+                signal.sigtimedwait({signal.SIGUSR1}, 0)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HOST_SIGNALS)
         except _PowerOff:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT})
             stop_everything_else()
             return 0
+
+
+def reboot(hostname: str, hw_fd: int, host_fd: int, boots: int) -> None:
+    """Stop everything and boot again; a failed boot is retried, as a watchdog would, instead of ending PID 1."""
+    for attempt in range(1, BOOT_ATTEMPTS + 1):
+        stop_everything_else()
+        unmount_runtime()
+        try:
+            boot(hostname, hw_fd, host_fd, boots)
+            return
+        except (OSError, subprocess.SubprocessError) as problem:
+            print(f"dsctl-lab-init: boot {boots} attempt {attempt} failed: {problem}", file=sys.stderr, flush=True)
+            time.sleep(1)
+    raise SystemExit(f"dsctl-lab-init: boot {boots} failed {BOOT_ATTEMPTS} times; the host stays down")
 
 
 if __name__ == "__main__":

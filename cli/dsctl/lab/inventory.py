@@ -48,6 +48,8 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         "dsctl_npu_count": spec.npus,
         "dsctl_package_source": str(paths.packages),
         "dsctl_reboot_command": REBOOT_COMMAND,
+        # A lab host boots in about a second; a host that is not back in two minutes never will be.
+        "dsctl_reboot_timeout": 120,
         # Lab hosts have no systemd as PID 1 (nor do many containers): instances run under supervisord.
         "dsctl_service_manager": "supervisor",
         "dsctl_services": [demo_service(spec.npus)],
