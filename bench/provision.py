@@ -1,6 +1,6 @@
 """Wall time of a cold and an idempotent provision of bare lab hosts: dsctl vs plain ansible-playbook.
 
-Usage: .venv/bin/python bench/provision.py [SIZES...]        e.g.  bench/provision.py 1 8 32
+Usage: .venv/bin/python bench/provision.py [--only dsctl|plain] [SIZES...]     e.g.  bench/provision.py 1 8 32
 Root and Linux only (it brings up a lab under /run/dsctl/bench-lab; no other lab may be up).
 
 "dsctl" is `dsctl provision INVENTORY` (dsctl's ansible.cfg: forks 16, SSH pipelining, its event callback).
@@ -11,6 +11,7 @@ Each size gets a fresh lab per tool so both start from the same bare hosts.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def run_plain(size: int, cfg: Path) -> tuple[float, float]:
     return timed(command, env), timed(command, env)
 
 
-def main(sizes: list[int]) -> None:
+def main(sizes: list[int], tools: tuple[str, ...]) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         cfg = Path(scratch) / "ansible.cfg"
         cfg.write_text(PLAIN_CFG.format(repo=REPO))
@@ -71,13 +72,17 @@ def main(sizes: list[int]) -> None:
               flush=True)
         try:
             for size in sizes:
-                dsctl_cold, dsctl_again = run_dsctl(size)
-                plain_cold, plain_again = run_plain(size, cfg)
-                figures = (dsctl_cold, dsctl_again, plain_cold, plain_again)
-                print(f"{size:>5}  " + "  ".join(f"{value:>12.1f} " for value in figures), flush=True)
+                dsctl_figures = run_dsctl(size) if "dsctl" in tools else (None, None)
+                plain_figures = run_plain(size, cfg) if "plain" in tools else (None, None)
+                cells = ("-" if value is None else f"{value:.1f}" for value in (*dsctl_figures, *plain_figures))
+                print(f"{size:>5}  " + "  ".join(f"{cell:>12} " for cell in cells), flush=True)
         finally:
             dsctl("lab", "down", check=False)
 
 
 if __name__ == "__main__":
-    main([int(arg) for arg in sys.argv[1:]] or [1, 8, 32])
+    parser = argparse.ArgumentParser(description="cold and idempotent provision wall time, dsctl vs plain")
+    parser.add_argument("sizes", nargs="*", type=int, default=[1, 8, 32], help="lab sizes (hosts)")
+    parser.add_argument("--only", choices=("dsctl", "plain"), help="time one tool only")
+    options = parser.parse_args()
+    main(options.sizes, (options.only,) if options.only else ("dsctl", "plain"))
