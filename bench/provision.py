@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,13 @@ def timed(command: list[str], env: dict[str, str]) -> float:
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     if result.returncode != 0:
-        tail = result.stdout[-2000:] + result.stderr[-2000:]
-        raise SystemExit(f"{' '.join(command)} exited {result.returncode}:\n{tail}")
+        output = result.stdout + result.stderr
+        with tempfile.NamedTemporaryFile("w", prefix="bench-provision-", suffix=".log", delete=False) as log:
+            log.write(output)
+        problems = [line for line in output.splitlines() if line.startswith(("fatal:", "failed:", "dsctl: error"))
+                    or re.search(r"(failed|unreachable)=[1-9]", line)]
+        raise SystemExit(f"{' '.join(command)} exited {result.returncode} (whole output: {log.name}):\n"
+                         + "\n".join(problems[-20:] or output.splitlines()[-20:]))
     return elapsed
 
 
