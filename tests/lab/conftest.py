@@ -39,7 +39,7 @@ def _newest_ansible_log_tail(lines: int = 40) -> str:
     return f"{logs[-1]}:\n" + "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
 
 
-def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT, input: str | None = None,
+def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT,
           timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess:
     """Run the installed CLI exactly as a user would.
 
@@ -48,10 +48,9 @@ def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT, input: str | No
     """
     env = {**os.environ, "DSCTL_LAB_ROOT": str(root), "COLUMNS": "200"}
     argv = [sys.executable, "-m", "dsctl", *args]
-    with subprocess.Popen(argv, text=True, env=env, stdin=subprocess.PIPE if input is not None else None,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+    with subprocess.Popen(argv, text=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         try:
-            stdout, stderr = proc.communicate(input, timeout=timeout)
+            stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGINT)
             try:
