@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from dsctl.commands.probe import ProbeConfig, execute
-from dsctl.core.probe_metrics import percentile
+from dsctl.core.load.probe_metrics import percentile
 
 MODEL = "deepseek-r1-distill-qwen-7b"
 

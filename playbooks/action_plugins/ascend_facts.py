@@ -1,6 +1,6 @@
 """Controller half of ascend_facts: run the read-only collector on the host, parse its output here.
 
-The parser is dsctl.core.hoststate, the same code `dsctl check` uses, so a role's decision (install or
+The parser is dsctl.core.hostfacts.hoststate, the same code `dsctl check` uses, so a role's decision (install or
 upgrade, reboot pending or not) and the audit never disagree about what a host runs.
 """
 
@@ -10,7 +10,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 try:
-    from dsctl.core.hoststate import parse_host
+    from dsctl.core.hostfacts.hoststate import parse_host
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
     parse_host = None
     IMPORT_ERROR = str(missing)

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 try:
-    from dsctl.core import ascend_env, audit, hoststate, inventory_schema, service, service_render
-    from dsctl.core.stack import DesiredStack
+    from dsctl.core.fleet import ascend_env, audit, inventory_schema
+    from dsctl.core.fleet.stack import DesiredStack
+    from dsctl.core.hostfacts import hoststate
+    from dsctl.core.serving import service, service_render
     from dsctl.errors import DsctlError
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
     IMPORT_ERROR: str | None = str(missing)

@@ -2,7 +2,7 @@
 """Read-only collector of what an Ascend host runs: version files, npu-smi output, disk, serving venv.
 
 It only reads. Parsing happens on the controller (the ascend_facts action plugin hands the raw text to
-dsctl.core.hoststate), so one tested parser serves roles, `dsctl check` and the lab alike.
+dsctl.core.hostfacts.hoststate), so one tested parser serves roles, `dsctl check` and the lab alike.
 Where each fact lives: shared/reference/ascend-interfaces.md section 7 ("Detecting installed state").
 """
 

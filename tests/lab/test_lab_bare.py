@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.core.lab.npusmi import parse_board, parse_info
+from dsctl.core.hostfacts.npusmi import parse_board, parse_info
 
 from .conftest import Lab
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.core.lab.npusmi import parse_info
+from dsctl.core.hostfacts.npusmi import parse_info
 
 from .conftest import Lab, dsctl, lab_leftovers
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.hostfacts import versionfiles as vf
 from dsctl.core.lab.plan import board_state
 from dsctl.emu import hwstate
 from dsctl.lab import packages
@@ -201,7 +201,7 @@ def test_driver_payload_carries_zipapps(pkgs, tmp_path):
         "install.py",
         "package.json",
         "dsctl/emu/installer.py",
-        "dsctl/core/lab/versionfiles.py",
+        "dsctl/core/hostfacts/versionfiles.py",
         "bin/npu-smi",
         "bin/upgrade-tool",
     } <= set(files)

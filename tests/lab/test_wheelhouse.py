@@ -225,7 +225,7 @@ def test_the_vendored_closure_covers_what_the_engine_imports_without_pyyaml(tmp_
     assert result.returncode == 0, result.stderr
     status, imported = json.loads(result.stdout.splitlines()[-1])
     assert status == 1 and "NPU out of memory" in result.stderr  # got past the imports of serve() and _start()
-    assert "dsctl.core.engine_sched" in imported and "dsctl.core.perfmodel" in imported
+    assert "dsctl.core.perf.engine_sched" in imported and "dsctl.core.perf.perfmodel" in imported
     assert set(imported) <= set(modules)
     assert not any(m.startswith(("dsctl.lab", "dsctl.commands", "dsctl.adapters")) for m in modules)
 

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from dsctl.core.arrivals import ArrivalSpec, gaps, rate_at, schedule
+from dsctl.core.load.arrivals import ArrivalSpec, gaps, rate_at, schedule
 
 N = 20_000
 

@@ -1,10 +1,10 @@
-"""The NPU process environment: data, overrides, the profile.d script and its parser (dsctl.core.ascend_env)."""
+"""The NPU process environment: data, overrides, the profile.d script and its parser (dsctl.core.fleet.ascend_env)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsctl.core.ascend_env import EnvError, catalogue, default_env, parse_env_file, render_env_file, resolve_env
+from dsctl.core.fleet.ascend_env import EnvError, catalogue, default_env, parse_env_file, render_env_file, resolve_env
 from dsctl.errors import ExitStatus
 
 TOOLKIT = "/usr/local/Ascend/ascend-toolkit/set_env.sh"

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from dsctl.core.audit import HostReport, audit_host, fleet_summary, overall_status, python_satisfies
-from dsctl.core.compat import Finding
-from dsctl.core.hoststate import parse_host
-from dsctl.core.lab import npusmi
-from dsctl.core.stack import DesiredStack
+from dsctl.core.fleet.audit import HostReport, audit_host, fleet_summary, overall_status, python_satisfies
+from dsctl.core.fleet.compat import Finding
+from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.hostfacts import npusmi
+from dsctl.core.hostfacts.hoststate import parse_host
 from dsctl.emu.npu_smi import DCMI_INIT_FAILED
 from tests.unit.test_compat import field_failure_raw
 from tests.unit.test_hoststate import (
@@ -28,7 +28,7 @@ from tests.unit.test_hoststate import (
 
 
 def desired(hdk_version: str = "25.5.0", cann_version: str = "8.5.0", vllm_ascend: str | None = "v0.13.0"):
-    """The stack the matrix would resolve, assembled here from releases.yaml (dsctl.core.matrix is not used)."""
+    """The stack the matrix would resolve, assembled here from releases.yaml (dsctl.core.fleet.matrix is not used)."""
     row = next((r for r in RELEASES["vllm_ascend_matrix"] if r["vllm_ascend"] == vllm_ascend), None)
     kernels = cann(cann_version)["kernels"]["package"]
     pins = {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.core.compat import Finding, describe_npus, describe_trains, file_compatibility
-from dsctl.core.hoststate import parse_host
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.fleet.compat import Finding, describe_npus, describe_trains, file_compatibility
+from dsctl.core.hostfacts import versionfiles as vf
+from dsctl.core.hostfacts.hoststate import parse_host
 from tests.unit.test_hoststate import bare_raw, hdk, host_raw, npu_smi_raw
 
 # ascend-interfaces.md 4.1, verbatim (itove/ascend docs/src/ver-2.1.md): the driver of the field failure.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.core.lab import npusmi
+from dsctl.core.hostfacts import npusmi
 from dsctl.emu import hwstate
 
 BUS_IDS = [

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from dsctl.core import perfmodel as pm
-from dsctl.core.engine_sched import Request, Scheduler, simulate
+from dsctl.core.perf import perfmodel as pm
+from dsctl.core.perf.engine_sched import Request, Scheduler, simulate
 
 MODEL = "deepseek-r1-distill-qwen-7b"
 

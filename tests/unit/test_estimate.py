@@ -1,4 +1,4 @@
-"""`dsctl estimate`'s predictions and SLO verdicts (dsctl.core.estimate)."""
+"""`dsctl estimate`'s predictions and SLO verdicts (dsctl.core.perf.estimate)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from dsctl.core.estimate import estimate, parse_slo
-from dsctl.core.perfmodel import (
+from dsctl.core.perf.estimate import estimate, parse_slo
+from dsctl.core.perf.perfmodel import (
     DEFAULT_EFFICIENCY,
     Deployment,
     chip_by_name,

@@ -1,7 +1,7 @@
 """parse_host: the collector's raw facts become a HostState; bad input becomes problems, never exceptions.
 
 Raw facts are built the way a lab host would show them: version files rendered by the lab's own renderers
-from releases.yaml entries, npu-smi text rendered by dsctl.core.lab.npusmi from a chips.yaml board, verbatim
+from releases.yaml entries, npu-smi text rendered by dsctl.core.hostfacts.npusmi from a chips.yaml board, verbatim
 npu-smi captures from tests/fixtures/npu_smi.  The builders below are shared with test_compat and test_audit.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dsctl import data
-from dsctl.core.hoststate import HostState, parse_host
-from dsctl.core.lab import npusmi
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.hostfacts import npusmi
+from dsctl.core.hostfacts import versionfiles as vf
+from dsctl.core.hostfacts.hoststate import HostState, parse_host
 from dsctl.core.lab.plan import board_state
 from dsctl.emu.npu_smi import DCMI_INIT_FAILED, EXIT_FAILURE
 

@@ -1,10 +1,10 @@
-"""The dsctl_* host variables and the fleet check (dsctl.core.inventory_schema)."""
+"""The dsctl_* host variables and the fleet check (dsctl.core.fleet.inventory_schema)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsctl.core.inventory_schema import HostSettings, InventoryError, validate_fleet, validate_host_vars
+from dsctl.core.fleet.inventory_schema import HostSettings, InventoryError, validate_fleet, validate_host_vars
 from dsctl.errors import ExitStatus
 
 SITE = {"dsctl_npu_count": 8, "dsctl_package_source": "/srv/ascend-packages",

@@ -1,4 +1,4 @@
-"""Stack resolution and compatibility verdicts from releases.yaml (dsctl.core.matrix)."""
+"""Stack resolution and compatibility verdicts from releases.yaml (dsctl.core.fleet.matrix)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import copy
 import pytest
 
 from dsctl import data
-from dsctl.core.matrix import INFERRED_STATUS, StackError, check_pair, check_serving, matrix_rows, resolve_stack
-from dsctl.core.stack import DesiredStack
+from dsctl.core.fleet.matrix import INFERRED_STATUS, StackError, check_pair, check_serving, matrix_rows, resolve_stack
+from dsctl.core.fleet.stack import DesiredStack
 from dsctl.errors import ExitStatus
 from dsctl.lab.packages import package_specs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsctl.core import npufacts
+from dsctl.core.hostfacts import npufacts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "npu_smi"
 

@@ -1,4 +1,4 @@
-"""Renderers and parsers of dsctl.core.lab.npusmi against real npu-smi captures.
+"""Renderers and parsers of dsctl.core.hostfacts.npusmi against real npu-smi captures.
 
 Fixtures are verbatim captures; tests/fixtures/npu_smi/SOURCES.md says where each comes from.
 """
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.core.lab import npusmi
-from dsctl.core.lab.npusmi import InfoResult, ListEntry, MappingRow, NpuProcess, NpuStatus
+from dsctl.core.hostfacts import npusmi
+from dsctl.core.hostfacts.npusmi import InfoResult, ListEntry, MappingRow, NpuProcess, NpuStatus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "npu_smi"
 

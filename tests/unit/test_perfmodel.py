@@ -1,4 +1,4 @@
-"""The roofline model (dsctl.core.perfmodel) against hand-computed numbers."""
+"""The roofline model (dsctl.core.perf.perfmodel) against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dsctl.core.perfmodel import (
+from dsctl.core.perf.perfmodel import (
     DEFAULT_EFFICIENCY,
     NO_CACHE_MEMORY,
     Deployment,

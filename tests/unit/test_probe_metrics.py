@@ -10,7 +10,7 @@ import random
 import pytest
 
 from dsctl.adapters import probe_client
-from dsctl.core.probe_metrics import (
+from dsctl.core.load.probe_metrics import (
     ErrorClass,
     RequestRecord,
     SloWatch,

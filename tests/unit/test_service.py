@@ -1,4 +1,4 @@
-"""Serving services in the inventory: schema, engine parameters, version gates, NPU plan (dsctl.core.service)."""
+"""Serving services in the inventory: schema, engine parameters, version gates, NPU plan (core.serving.service)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from dsctl import data
-from dsctl.core.service import (
+from dsctl.core.serving.service import (
     DEFAULT_VENV,
     ServiceError,
     ServiceSpec,

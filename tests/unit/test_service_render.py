@@ -1,4 +1,4 @@
-"""Rendering a service instance's files from templates/ (dsctl.core.service_render)."""
+"""Rendering a service instance's files from templates/ (dsctl.core.serving.service_render)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import jinja2
 import pytest
 
 from dsctl.assets import templates_dir
-from dsctl.core.service import ServiceSpec, engine_params, plan_host, validate_services
-from dsctl.core.service_render import (
+from dsctl.core.serving.service import ServiceSpec, engine_params, plan_host, validate_services
+from dsctl.core.serving.service_render import (
     RenderedFile,
     engine_args,
     fingerprint,
@@ -428,7 +428,7 @@ def test_every_template_is_documented():
                          "mindie/config.json.j2", "mindie/launch.sh.j2", "vllm-ascend/launch.sh.j2"]
     for name in templates:
         assert f"`{name}`" in readme, name
-    assert "dsctl.core.service_render" in readme
+    assert "dsctl.core.serving.service_render" in readme
 
 
 def test_rendered_files_are_plain_text_with_a_final_newline():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.hostfacts import versionfiles as vf
 
 # 24.1.rc3 driver (vllm-project/vllm-ascend#451)
 DRIVER_24_1_RC3 = """\

@@ -1,11 +1,10 @@
-"""Ordering of Ascend version strings and the vendor files' range checks (dsctl.core.versions)."""
+"""Ordering of Ascend version strings and the vendor files' range checks (dsctl.core.fleet.versions)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsctl.core.lab.npusmi import firmware_in_ranges
-from dsctl.core.versions import (
+from dsctl.core.fleet.versions import (
     compare_versions,
     in_ranges,
     is_prerelease,
@@ -13,6 +12,7 @@ from dsctl.core.versions import (
     same_version,
     sort_versions,
 )
+from dsctl.core.hostfacts.npusmi import firmware_in_ranges
 
 # Each list is in ascending order, as Huawei releases them.
 ORDERED = [

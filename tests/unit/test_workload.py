@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.core.workload import LengthSpec, Workload, encode_body, load_prompts, request_body
+from dsctl.core.load.workload import LengthSpec, Workload, encode_body, load_prompts, request_body
 
 
 def test_length_specs_parse_and_sample():

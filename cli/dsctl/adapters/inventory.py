@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,17 @@ from dsctl.errors import UsageError
 NPU_GROUP = "npu_nodes"
 
 
-def host_vars(inventory: Path, group: str = NPU_GROUP) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class VaultOptions:
+    """How Ansible gets the vault password: a password file (``--vault-password-file``), a prompt
+    (``--ask-vault-pass``) or neither (Ansible then honours ``ANSIBLE_VAULT_PASSWORD_FILE`` itself)."""
+
+    password_file: Path | None = None
+    ask: bool = False
+
+
+def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | None = None,
+              limit: str | None = None) -> dict[str, dict[str, Any]]:
     """Every host of ``group`` with its merged variables; a missing file or empty group is a usage error."""
     if not inventory.is_file() and not inventory.is_dir():
         raise UsageError(f"inventory: {inventory} does not exist; pass the path `dsctl lab up` printed or your own")

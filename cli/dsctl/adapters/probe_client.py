@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from dsctl.core.probe_metrics import ErrorClass, RequestRecord
+from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord
 
 _CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*(\]?)')
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')

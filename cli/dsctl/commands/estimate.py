@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from dsctl import ui
-from dsctl.core.estimate import WEIGHT_FORMATS, Estimate, duration_text, estimate, parse_slo
-from dsctl.core.perfmodel import chip_by_name, model_by_name
+from dsctl.core.perf.estimate import WEIGHT_FORMATS, Estimate, duration_text, estimate, parse_slo
+from dsctl.core.perf.perfmodel import chip_by_name, model_by_name
 from dsctl.errors import ExitStatus, UsageError
 
 COLUMNS = ["quantity", "value", "how"]

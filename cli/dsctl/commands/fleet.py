@@ -10,7 +10,7 @@ import typer
 from dsctl import ui
 from dsctl.adapters import inventory as inventory_adapter
 from dsctl.adapters.ansible_run import PlaybookRun, run_playbook
-from dsctl.core import inventory_schema
+from dsctl.core.fleet import inventory_schema
 from dsctl.errors import ExitStatus
 from dsctl.ui_progress import PlaybookProgress
 
@@ -176,7 +176,7 @@ DEPLOY_REPORT_FACT = "inference_service_report"
 
 def _render_preview(settings: dict[str, inventory_schema.HostSettings], limit_hosts: set[str] | None) -> list[dict]:
     """What deploy would write on each host, secrets masked: rendered locally, no host contacted."""
-    from dsctl.core import service, service_render
+    from dsctl.core.serving import service, service_render
 
     preview = []
     for host, host_settings in settings.items():
@@ -221,7 +221,7 @@ def deploy(
     with PlaybookProgress() as progress:
         run = run_playbook("deploy.yml", inventory, limit=limit, check=check, diff=diff, on_event=progress,
                            extra_vars=extra)
-    from dsctl.core import service
+    from dsctl.core.serving import service
 
     addresses = {host: str(values.get("ansible_host", host)) for host, values in hostvars.items()}
     rows = []

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from dsctl import data, ui
-from dsctl.core.matrix import INFERRED_STATUS, matrix_rows
+from dsctl.core.fleet.matrix import INFERRED_STATUS, matrix_rows
 
 STATUS_MEANINGS = {
     "official": "Huawei's or vllm-ascend's recommended HDK for the CANN, with vllm-ascend's official matrix row",

@@ -21,9 +21,9 @@ import typer
 
 from dsctl import ui
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeError, ProbeRun, RunResult, Target, Timeouts
-from dsctl.core import arrivals, probe_metrics
-from dsctl.core.probe_metrics import RequestRecord, SloWatch
-from dsctl.core.workload import ENDPOINTS, LengthSpec, Workload, encode_body, load_prompts, request_body
+from dsctl.core.load import arrivals, probe_metrics
+from dsctl.core.load.probe_metrics import RequestRecord, SloWatch
+from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, load_prompts, request_body
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
 DEFINITIONS = ("vllm bench serve (vllm/benchmarks/serve.py::calculate_metrics): TTFT = first choice-bearing SSE "

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.hostfacts import versionfiles as vf
 from dsctl.emu import runpkg
 from dsctl.emu.runpkg import CANN_INSTALL_INFO, InstallFailed, Transcript
 

@@ -23,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.hostfacts import versionfiles as vf
 from dsctl.emu import runpkg
 from dsctl.emu.runpkg import ASCEND_ROOT, INSTALL_INFO, InstallFailed, Transcript
 

@@ -1,6 +1,6 @@
 """The emulated ``npu-smi`` of a lab host (installed as /usr/local/bin/npu-smi).
 
-Standard library plus dsctl.emu.hwstate and dsctl.core.lab.npusmi only: it is
+Standard library plus dsctl.emu.hwstate and dsctl.core.hostfacts.npusmi only: it is
 packed into a self-contained zipapp by the driver .run package.
 
 Supported: ``info``, ``info -t board -i N [-c C]``, ``info -m``, ``info -l``,
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsctl.core.lab import npusmi
+from dsctl.core.hostfacts import npusmi
 from dsctl.emu import hwstate
 
 EXIT_OK = 0

@@ -249,7 +249,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock: socket.socket, host: str,
            server: Any, metrics_cls: Any, divergence_probability: Any) -> int:
-    from dsctl.core.engine_sched import Scheduler
+    from dsctl.core.perf.engine_sched import Scheduler
 
     d = plan["deployment"]
     scale = args.time_scale

@@ -1,4 +1,4 @@
-"""Import ``dsctl.core.perfmodel`` on a host that has only the standard library.
+"""Import ``dsctl.core.perf.perfmodel`` on a host that has only the standard library.
 
 perfmodel reads ``dsctl/data/profiles.yaml`` through ``dsctl.data.load``, which
 imports PyYAML.  A lab host's system python3 may lack it, so before importing
@@ -27,7 +27,7 @@ _FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?$|[-+]?\.
 
 
 def import_perfmodel(profile_json: str | None = None) -> Any:
-    """dsctl.core.perfmodel, with its profiles taken from ``profile_json`` when given."""
+    """dsctl.core.perf.perfmodel, with its profiles taken from ``profile_json`` when given."""
     try:
         import yaml  # noqa: F401
     except ImportError:
@@ -46,7 +46,7 @@ def import_perfmodel(profile_json: str | None = None) -> Any:
             return raw if name == "profiles" else original(name)
 
         data.load = load  # type: ignore[assignment]
-    from dsctl.core import perfmodel
+    from dsctl.core.perf import perfmodel
 
     if profile_json:
         perfmodel._profiles.cache_clear()

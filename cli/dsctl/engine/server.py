@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsctl.core.engine_sched import Request, Scheduler
+from dsctl.core.perf.engine_sched import Request, Scheduler
 from dsctl.engine import openai
 from dsctl.engine.metrics import EngineMetrics
 from dsctl.engine.text import SyntheticText

@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from dsctl.core.lab.versionfiles import parse_key_value
+from dsctl.core.hostfacts.versionfiles import parse_key_value
 from dsctl.emu import hwstate
 
 # Directories a role or installer writes to; each host gets its own view of them.

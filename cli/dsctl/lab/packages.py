@@ -62,16 +62,16 @@ INSTALLER_MODULES = (
     "emu/installer.py",
     "emu/install_hdk.py",
     "emu/install_cann.py",
-    "core/lab/versionfiles.py",
+    "core/hostfacts/versionfiles.py",
 )
-PACKAGE_INITS = ("__init__.py", "emu/__init__.py", "core/__init__.py", "core/lab/__init__.py")
+PACKAGE_INITS = ("__init__.py", "emu/__init__.py", "core/__init__.py", "core/hostfacts/__init__.py")
 # Driver tools shipped as zipapps: file name -> (entry point, modules).
 ZIPAPP_MODULES = (
     "emu/hwstate.py",
     "emu/npu_smi.py",
     "emu/upgrade_tool.py",
-    "core/lab/npusmi.py",
-    "core/lab/versionfiles.py",
+    "core/hostfacts/npusmi.py",
+    "core/hostfacts/versionfiles.py",
 )
 DRIVER_TOOLS = {"npu-smi": "dsctl.emu.npu_smi:main", "upgrade-tool": "dsctl.emu.upgrade_tool:main"}
 ZIPAPP_SHEBANG = b"#!/usr/bin/python3\n"

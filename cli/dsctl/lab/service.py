@@ -8,7 +8,7 @@ from typing import Any
 
 from dsctl import data
 from dsctl.adapters import ssh
-from dsctl.core import npufacts
+from dsctl.core.hostfacts import npufacts
 from dsctl.core.lab.plan import LabSpec, plan_lab
 from dsctl.errors import DsctlError, UsageError
 from dsctl.lab import faults, hosts, preinstall

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from dsctl.core.lab.npusmi import parse_board, parse_info
+from dsctl.core.hostfacts.npusmi import parse_board, parse_info
 
 BOARD_MARKER = "@@board"
 # Read over SSH exactly what an operator would type; the output is parsed on the controller.

@@ -35,7 +35,7 @@ from typing import Any
 import jinja2
 
 from dsctl.assets import asset_root
-from dsctl.core.service import Instance, ServiceError, ServiceSpec, effective_params, engine_params, plan_host
+from dsctl.core.serving.service import Instance, ServiceError, ServiceSpec, effective_params, engine_params, plan_host
 
 DEFAULT_CONFIG_DIR = "/etc/dsctl/services"
 DEFAULT_LOG_DIR = "/var/log/dsctl"

@@ -10,7 +10,7 @@ word counts within it ("24.1.rc2" < "24.1.rc2.2" < "24.1.rc3").  Missing trailin
 so "25.5" == "25.5.0".  A "+local" suffix ("2.9.0.post1+git4c901a4") is ignored.
 
 Range membership (the vendor files' compatible_version_fw / compatible_version_drv) is the
-component-wise numeric check of `dsctl.core.lab.npusmi.firmware_in_ranges`, reused, not copied:
+component-wise numeric check of `dsctl.core.hostfacts.npusmi.firmware_in_ranges`, reused, not copied:
 the emulated npu-smi and dsctl must agree on what "compatible" means.
 """
 
@@ -20,8 +20,8 @@ import functools
 import re
 from collections.abc import Iterable, Sequence
 
-from dsctl.core.lab.npusmi import firmware_in_ranges
-from dsctl.core.lab.versionfiles import format_ranges
+from dsctl.core.hostfacts.npusmi import firmware_in_ranges
+from dsctl.core.hostfacts.versionfiles import format_ranges
 
 # Pre-release words, earliest first.  Anything else that is not a number ("post", "spc", "b060")
 # marks something released after the numbers before it.

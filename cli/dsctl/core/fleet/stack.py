@@ -1,6 +1,6 @@
 """The software stack a host should run, resolved from the inventory and the releases data (pure types).
 
-`dsctl.core.matrix.resolve_stack` builds a `DesiredStack`; the provisioning roles read it (through the
+`dsctl.core.fleet.matrix.resolve_stack` builds a `DesiredStack`; the provisioning roles read it (through the
 `dsctl_desired_stack` filter) and `dsctl check` compares a host's `HostState` with it.
 Installer file names keep ``{arch}`` as a placeholder: the role fills in the host's own architecture
 (`uname -m`), as vllm-ascend's install guide does with ``$(uname -i)``.

@@ -33,8 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from dsctl.core.lab import npusmi
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.hostfacts import npusmi
+from dsctl.core.hostfacts import versionfiles as vf
 
 COLLECTOR_VERSION = 1
 T = TypeVar("T")

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from dsctl.core.lab.versionfiles import release_train
-from dsctl.core.stack import DesiredStack
-from dsctl.core.versions import in_ranges, matches_prefix_ranges, sort_versions, version_key
+from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.fleet.versions import in_ranges, matches_prefix_ranges, sort_versions, version_key
+from dsctl.core.hostfacts.versionfiles import release_train
 from dsctl.errors import DsctlError, ExitStatus
 
 # Inventory variable of each stack piece: every refusal names the one to change.

@@ -10,7 +10,7 @@ ascend-interfaces.md section 8, applied to a parsed `HostState`:
 
 Only the files on the host are consulted, never releases.yaml: the files are what the vendor's own tools
 check, and they cover versions dsctl has never heard of.  Fixes therefore speak in trains and ranges; naming
-concrete releases is the job of whoever knows the catalogue (dsctl.core.matrix).
+concrete releases is the job of whoever knows the catalogue (dsctl.core.fleet.matrix).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from dsctl.core.hoststate import CannState, DriverState, FirmwareState, HostState
-from dsctl.core.lab import npusmi
-from dsctl.core.lab import versionfiles as vf
+from dsctl.core.hostfacts import npusmi
+from dsctl.core.hostfacts import versionfiles as vf
+from dsctl.core.hostfacts.hoststate import CannState, DriverState, FirmwareState, HostState
 
 SEVERITIES = ("error", "warning", "info")
 COMPONENTS = ("driver", "firmware", "cann", "npu", "env", "serving", "system")

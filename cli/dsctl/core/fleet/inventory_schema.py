@@ -6,7 +6,7 @@ default used instead, so it is refused with a "did you mean".  Every problem is 
 host and the variable: ``inventory: host lab-01: dsctl_npu_count: expected an integer 1..16, got 'eight';
 fix it in group_vars or host_vars``.
 
-`validate_fleet` also resolves each host's `DesiredStack` (dsctl.core.matrix) so an incompatible version
+`validate_fleet` also resolves each host's `DesiredStack` (dsctl.core.fleet.matrix) so an incompatible version
 choice stops a run before any host is touched.
 """
 
@@ -20,12 +20,12 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsctl import data
-from dsctl.core import ascend_env
-from dsctl.core.matrix import resolve_stack
+from dsctl.core.fleet import ascend_env
+from dsctl.core.fleet.matrix import resolve_stack
+from dsctl.core.fleet.stack import DesiredStack
 
 # Text (strict str) and AccountName are shared with the service schema.
-from dsctl.core.service import AccountName, ServiceSpec, Text, validate_services
-from dsctl.core.stack import DesiredStack
+from dsctl.core.serving.service import AccountName, ServiceSpec, Text, validate_services
 from dsctl.errors import DsctlError, ExitStatus
 
 SETTINGS_PREFIX = "dsctl_"
@@ -107,7 +107,7 @@ class HostSettings(BaseModel):
     dsctl_pip_index_url: Annotated[HttpUrl | None, Field(description="an http(s):// URL")] = None
     dsctl_staging_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/var/cache/dsctl/packages"
     dsctl_env_file: Annotated[AbsolutePath, Field(description="an absolute path")] = "/etc/profile.d/dsctl-ascend.sh"
-    # Inference services (dsctl deploy); each entry is checked by dsctl.core.service in validate_fleet.
+    # Inference services (dsctl deploy); each entry is checked by dsctl.core.serving.service in validate_fleet.
     dsctl_services: Annotated[
         list[Any], Field(strict=True, description="a list of services (see inventories/sample)")
     ] = Field(default_factory=list)

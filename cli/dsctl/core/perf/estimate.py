@@ -1,6 +1,6 @@
 """`dsctl estimate`: roofline predictions for one chip x model x workload x group size, and SLO verdicts (pure).
 
-Predictions come from dsctl.core.perfmodel, the same model the lab's emulated engine runs. Workload: every
+Predictions come from dsctl.core.perf.perfmodel, the same model the lab's emulated engine runs. Workload: every
 request has ``prompt_tokens`` in and ``output_tokens`` out, and ``concurrency`` requests are in flight, as
 with ``vllm bench serve --max-concurrency`` (serving-and-tuning.md s.2):
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dsctl.core.perfmodel import (
+from dsctl.core.perf.perfmodel import (
     GB,
     Chip,
     Deployment,

@@ -2,7 +2,7 @@
 
 `audit_host` joins three kinds of findings on a parsed `HostState`:
 
-* compatibility of the installed files with each other and the boards' verdict (dsctl.core.compat);
+* compatibility of the installed files with each other and the boards' verdict (dsctl.core.fleet.compat);
 * drift from the `DesiredStack` the inventory asks for: driver, firmware, CANN (installed, side by side,
   active), kernels/ops and NNAL, the serving venv's pins, the managed env file;
 * host health: NPU count, chip health, HBM, npu-smi failures, the run user, a pending reboot.
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dsctl.core.compat import Finding, describe_npus, file_compatibility
-from dsctl.core.hoststate import DriverState, EnvState, HostState, RunUserState, ServingState, pep503_name
-from dsctl.core.stack import DesiredStack
+from dsctl.core.fleet.compat import Finding, describe_npus, file_compatibility
+from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.hostfacts.hoststate import DriverState, EnvState, HostState, RunUserState, ServingState, pep503_name
 
 STATUSES = ("ok", "warning", "pending-reboot", "error")  # best to worst
 # Statuses that should make `dsctl check` exit non-zero: the host cannot serve the desired stack now.

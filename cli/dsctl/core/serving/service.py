@@ -16,7 +16,7 @@ vllm-ascend release removed (``torchair_graph_config``) or does not have yet, in
 `plan_host` lays the instances out on the host's NPUs, in order across the services: 8 NPUs and one service with
 ``instances: 2, npus_per_instance: 4`` give ``chat-0`` on NPUs 0-3 (port 8000) and ``chat-1`` on NPUs 4-7
 (port 8001), each pinned with ``ASCEND_RT_VISIBLE_DEVICES``.  The files each instance needs are rendered by
-`dsctl.core.service_render`.
+`dsctl.core.serving.service_render`.
 
 The API key is a pydantic `SecretStr`: it never appears in a repr, a dump for display, or an error message.
 """
@@ -47,8 +47,8 @@ from pydantic import (
 )
 
 from dsctl import data
-from dsctl.core import ascend_env
-from dsctl.core.versions import compare_versions
+from dsctl.core.fleet import ascend_env
+from dsctl.core.fleet.versions import compare_versions
 from dsctl.errors import DsctlError, ExitStatus
 
 SERVICES_VAR = "dsctl_services"

@@ -1,7 +1,7 @@
 """The step scheduler of the emulated serving engine (`dsctl engine serve`).
 
 Pure and clock-free: the caller owns time.  Standard library plus
-``dsctl.core.perfmodel`` only (imported lazily), because the engine runs from
+``dsctl.core.perf.perfmodel`` only (imported lazily), because the engine runs from
 a lab host's system python3.
 
 Continuous batching (``stream_num == 1``), modelled on vLLM V1's scheduler:
@@ -153,7 +153,7 @@ class Scheduler:
         if not 1 <= stream_num <= max_num_seqs:
             raise ValueError(f"stream_num ({stream_num}) must be between 1 and max_num_seqs ({max_num_seqs})")
         if step_seconds is None or overhead_seconds is None:
-            from dsctl.core import perfmodel
+            from dsctl.core.perf import perfmodel
 
             step_seconds = step_seconds or perfmodel.step_seconds
             overhead_seconds = overhead_seconds or perfmodel.overhead_seconds

@@ -1,0 +1,1 @@
+"""Load generation and its statistics: arrival processes, workloads and vLLM bench's metric definitions."""

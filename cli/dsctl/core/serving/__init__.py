@@ -1,0 +1,1 @@
+"""Inference services: the service schema, per-host instance planning and the one renderer of their files."""
