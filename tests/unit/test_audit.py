@@ -368,6 +368,12 @@ def test_fleet_of_ok_and_warning_hosts_is_not_exit_worthy():
         ("3.11.2", "==3.11.*", True),
         ("3.10.0", "~=3.10", True),
         ("3.11.2", "weird", True),
+        ("3.11.2", ">=3.10, weird, <3.11", False),  # unreadable clauses are skipped, the others still count
+        ("3.12.0", "!=3.12.*", False),
+        ("3.13.0rc1", ">=3.10,<3.14", True),  # a pre-release interpreter is judged by its numbers
+        ("3.12.0rc1", ">=3.10,<3.12", False),  # PEP 440: <3.12 excludes 3.12's own pre-releases
+        ("3.11", ">=3.11.0", True),
+        ("not a version", ">=3.10", True),
     ],
 )
 def test_python_satisfies(version, specifier, ok):

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from dsctl import data
 from dsctl.core.hostfacts import npusmi
@@ -282,6 +283,23 @@ def test_installed_driver_not_running_yet_is_a_pending_reboot():
     assert any(reason.startswith("firmware 7.8.0.5.216 installed, 7.5.0.1.129") for reason in state.pending_reasons)
 
 
+def test_a_running_driver_spelled_in_upper_case_is_the_installed_one():
+    # Vendor pages and some npu-smi builds print "24.1.RC3" for the 24.1.rc3 package: not a pending reboot.
+    raw = host_raw("24.1.rc3")
+    for block in (raw["npu_smi"]["info"], *raw["npu_smi"]["boards"].values()):
+        block["stdout"] = block["stdout"].replace("24.1.rc3", "24.1.RC3")
+    state = parse_host(raw)
+    assert state.driver.installed == "24.1.rc3" and state.driver.running == "24.1.RC3"
+    assert not state.pending_reboot and state.pending_reasons == ()
+
+
+def test_side_by_side_canns_are_listed_in_release_order_whatever_the_case():
+    raw = host_raw("25.5.0", ("8.3.RC2", "8.5.0", "8.0.0"), active="8.5.0")
+    raw["toolkit_dirs"]["8.3.rc10"] = "version=8.3.rc10\n"  # a made-up later RC, spelled in lower case
+    state = parse_host(raw)
+    assert state.cann.installed == ("8.0.0", "8.3.RC2", "8.3.rc10", "8.5.0")
+
+
 def test_fresh_driver_before_its_first_reboot_is_pending_not_broken():
     raw = host_raw()
     raw["npu_smi"] = npu_smi_failed(DCMI_INIT_FAILED + "\n")
@@ -358,6 +376,21 @@ def test_round_trip_through_json():
 def test_from_dict_keeps_defaults_for_missing_keys():
     assert HostState.from_dict({"driver": {"installed": "25.5.0"}}).driver.installed == "25.5.0"
     assert HostState.from_dict({}) == HostState()
+
+
+def test_from_dict_rebuilds_nested_tuples_and_ignores_the_convenience_copy():
+    data = {"npus": {"chips": [{"npu": 0, "chip": 0, "name": "910B3", "health": "OK", "bus_id": "0000:c1:00.0",
+                                "hbm_used_mb": 3300, "hbm_total_mb": 65536}], "busy": [0]},
+            "firmware": {"accepts_driver_ranges": [["24.1", "24.1."]]}, "run_user_exists": True}
+    state = HostState.from_dict(data)
+    assert state.npus.chips[0].hbm_total_mb == 65536 and state.npus.busy == (0,)
+    assert state.firmware.accepts_driver_ranges == (("24.1", "24.1."),)
+    assert HostState.from_dict(state.to_dict()) == state
+
+
+def test_from_dict_refuses_a_value_of_the_wrong_type_naming_the_field():
+    with pytest.raises(ValidationError, match="npus.count"):
+        HostState.from_dict({"npus": {"count": "eight"}})
 
 
 # --------------------------------------------------------------------------- robustness

@@ -7,10 +7,13 @@ import pytest
 from dsctl.core.fleet.versions import (
     compare_versions,
     in_ranges,
+    in_release_line,
     is_prerelease,
     matches_prefix_ranges,
+    same_release,
     same_version,
     sort_versions,
+    version_key,
 )
 from dsctl.core.hostfacts.npusmi import firmware_in_ranges
 
@@ -96,3 +99,72 @@ DRV_24_1_RC3_FIRMWARE = [["23.0.0", "23.0.0."], ["24.0", "24.0."], ["24.1", "24.
 )
 def test_driver_prefix_ranges(driver, matches):
     assert matches_prefix_ranges(driver, DRV_24_1_RC3_FIRMWARE) is matches
+
+
+# --------------------------------------------------------------------------- one order, whatever the case
+
+CASE_PAIRS = [("24.1.rc3", "24.1.RC3"), ("8.3.RC2", "8.3.rc2"), ("8.1.RC1.alpha001", "8.1.rc1.ALPHA001"),
+              ("v0.13.0rc1", "V0.13.0RC1"), ("25.0.rc1.1", "25.0.RC1.1")]
+
+
+@pytest.mark.parametrize(("lower", "upper"), CASE_PAIRS)
+def test_case_spellings_are_one_version_one_release_and_sort_together(lower, upper):
+    assert compare_versions(lower, upper) == 0 and same_version(lower, upper)
+    assert same_release(lower, upper)
+    assert version_key(lower) == version_key(upper)
+    for other in ("24.1.0", "8.3.0", "8.0.0", "0.13.0", "25.5.0", "7.5.0.1.129"):
+        assert compare_versions(lower, other) == compare_versions(upper, other), other
+
+
+@pytest.mark.parametrize("ascending", ORDERED)
+def test_mixed_case_lists_sort_like_their_lower_case_spelling(ascending):
+    mixed = [version.upper() if index % 2 else version.lower() for index, version in enumerate(ascending)]
+    assert sort_versions(reversed(mixed)) == mixed
+
+
+def test_rc_numbers_compare_as_numbers():
+    assert sort_versions(["24.1.rc10", "24.1.RC3", "24.1.rc2.2"]) == ["24.1.rc2.2", "24.1.RC3", "24.1.rc10"]
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "release", "version"),
+    [
+        ("24.1.RC3", "24.1.rc3", True, True),
+        ("v0.13.0", "0.13.0", True, True),
+        ("25.5", "25.5.0", False, True),  # a release line is not the 25.5.0 package, but orders with it
+        ("8.5.0", "8.5.1", False, False),
+        (None, "8.5.0", False, False),
+    ],
+)
+def test_same_release_is_stricter_than_same_version(left, right, release, version):
+    assert same_release(left, right) is release
+    if left is not None:
+        assert same_version(left, right) is version
+    if release:
+        assert same_version(left, right)
+
+
+@pytest.mark.parametrize(
+    ("version", "line", "inside"),
+    [("25.5.0", "25.5", True), ("25.5.1", "25.5", True), ("24.1.rc2.2", "24.1.rc2", True),
+     ("24.1.RC2.2", "24.1.rc2", True), ("24.1.rc20", "24.1.rc2", False), ("24.10.0", "24.1", False),
+     ("25.5.0", None, False), ("25.5.0", "", False)],
+)
+def test_release_lines(version, line, inside):
+    assert in_release_line(version, line) is inside
+
+
+@pytest.mark.parametrize(
+    ("version", "ranges", "inside"),
+    [
+        ("24.1.RC3", [["24.1.rc1", "24.1.rc3"]], True),
+        ("24.1.rc3", [["24.1.RC1", "24.1.RC3"]], True),
+        ("24.1.rc10", [["24.1.rc1", "24.1.rc3"]], False),  # rc10 is after rc3, not between rc1 and rc2
+        ("24.1.0", [["24.1.rc1", "24.1.rc3"]], False),
+        ("7.5", [["7.5.0", "7.5.99"]], True),  # missing parts are 0, as in the order
+    ],
+)
+def test_ranges_use_the_same_order(version, ranges, inside):
+    assert in_ranges(version, ranges) is inside
+    text = ",".join(f"[{lo},{hi}]" for lo, hi in ranges)
+    assert firmware_in_ranges(version, text) is inside

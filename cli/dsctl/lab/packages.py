@@ -71,6 +71,7 @@ ZIPAPP_MODULES = (
     "emu/npu_smi.py",
     "emu/upgrade_tool.py",
     "core/hostfacts/npusmi.py",
+    "core/hostfacts/versionorder.py",
     "core/hostfacts/versionfiles.py",
 )
 DRIVER_TOOLS = {"npu-smi": "dsctl.emu.npu_smi:main", "upgrade-tool": "dsctl.emu.upgrade_tool:main"}

@@ -13,10 +13,12 @@ own status because the host is neither broken nor ready: the installed stack onl
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, Specifier
+from packaging.version import InvalidVersion, Version
 
 from dsctl.core.fleet.compat import Finding, describe_npus, file_compatibility
 from dsctl.core.fleet.stack import DesiredStack
@@ -477,42 +479,26 @@ def _bare_version(version: str) -> str:
 
 
 def python_satisfies(version: str, specifier: str) -> bool:
-    """``"3.11.2"`` against ``">=3.10,<3.12"`` (the release-number subset of PEP 440 the matrix uses).
+    """``"3.11.2"`` against ``">=3.10,<3.12"`` (a PEP 440 specifier set, as the matrix rows and pip write them).
 
-    Clauses it cannot read count as satisfied: a wrong verdict here would block a working host.
+    Clauses ``packaging`` cannot read, and a version it cannot read, count as satisfied: a wrong verdict here
+    would block a working host.  Pre-release interpreters (3.13.0rc1) are judged by their numbers, as pip's
+    ``Requires-Python`` check does.
     """
-    have = _release(version)
+    try:
+        have = Version(version.strip())
+    except InvalidVersion:
+        return True
     for clause in specifier.split(","):
-        match = re.fullmatch(r"\s*(==|!=|>=|<=|>|<|~=)\s*([0-9][0-9.]*)(\.\*)?\s*", clause)
-        if not match or have is None:
+        if not clause.strip():
             continue
-        operator, wanted, wildcard = match[1], _release(match[2]), match[3]
-        if wanted is None:
+        try:
+            readable = Specifier(clause.strip())
+        except InvalidSpecifier:
             continue
-        if wildcard:
-            same = have[: len(wanted)] == wanted
-            if (operator == "==" and not same) or (operator == "!=" and same):
-                return False
-            continue
-        width = max(len(have), len(wanted))
-        left, right = have + (0,) * (width - len(have)), wanted + (0,) * (width - len(wanted))
-        verdicts = {
-            "==": left == right,
-            "!=": left != right,
-            ">=": left >= right,
-            "<=": left <= right,
-            ">": left > right,
-            "<": left < right,
-            "~=": left >= right and have[: len(wanted) - 1] == wanted[:-1],
-        }
-        if not verdicts[operator]:
+        if not readable.contains(have, prereleases=True):
             return False
     return True
-
-
-def _release(version: str) -> tuple[int, ...] | None:
-    match = re.match(r"\s*(\d+(?:\.\d+)*)", version)
-    return tuple(int(part) for part in match[1].split(".")) if match else None
 
 
 def _run_user_findings(user: RunUserState) -> list[Finding]:

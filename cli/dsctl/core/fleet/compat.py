@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from dsctl.core.hostfacts import npusmi
+from dsctl.core.fleet.versions import in_ranges, matches_prefix_ranges
 from dsctl.core.hostfacts import versionfiles as vf
 from dsctl.core.hostfacts.hoststate import CannState, DriverState, FirmwareState, HostState
 
@@ -135,7 +135,7 @@ def _firmware_range_findings(driver: DriverState, firmware: FirmwareState) -> li
             )
         ]
     ranges = vf.format_ranges(driver.accepts_firmware_ranges)
-    if npusmi.firmware_in_ranges(firmware.installed, ranges):
+    if in_ranges(firmware.installed, driver.accepts_firmware_ranges):
         return []
     return [
         Finding(
@@ -156,9 +156,8 @@ def _driver_range_findings(driver: DriverState, firmware: FirmwareState) -> list
     if not driver.installed or not firmware.installed or not firmware.accepts_driver_ranges:
         return []
     ranges = vf.format_ranges(firmware.accepts_driver_ranges)
-    # "[24.1,24.1.]" means any 24.1.*: firmware_in_ranges compares a version against a bound only as far as
-    # the bound has components, which is exactly prefix matching for these ranges.
-    if npusmi.firmware_in_ranges(driver.installed, ranges):
+    # "[24.1,24.1.]" means any 24.1.* (prefix ranges, see dsctl.core.fleet.versions.matches_prefix_ranges).
+    if matches_prefix_ranges(driver.installed, firmware.accepts_driver_ranges):
         return []
     return [
         Finding(

@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from dsctl.core.fleet.stack import DesiredStack
-from dsctl.core.fleet.versions import in_ranges, matches_prefix_ranges, sort_versions, version_key
+from dsctl.core.fleet.versions import (
+    in_ranges,
+    in_release_line,
+    matches_prefix_ranges,
+    same_release,
+    sort_versions,
+    version_key,
+)
 from dsctl.core.hostfacts.versionfiles import release_train
 from dsctl.errors import DsctlError, ExitStatus
 
@@ -82,32 +89,30 @@ class Verdict:
 
 
 # --------------------------------------------------------------------------- lookups
-
-
-def _spelled_alike(left: str, right: str) -> bool:
-    # "24.1.RC3" is the 24.1.rc3 release, but "25.5" is not the 25.5.0 release: compare spelling, not order.
-    return str(left).strip().lower() == str(right).strip().lower()
+# "24.1.RC3" is the 24.1.rc3 release, but "25.5" is a release line, not the 25.5.0 release: lookups compare
+# release names (same_release), never order.
 
 
 def _tag(value: str) -> str:
+    # The PEP 503-ish spelling pip pins use ("v0.13.0" -> "0.13.0"); comparisons go through same_release.
     return str(value).strip().lower().removeprefix("v")
 
 
 def _hdk(releases: Mapping, driver: str) -> dict | None:
-    return next((h for h in releases.get("hdk", []) if _spelled_alike(h["driver"]["version"], driver)), None)
+    return next((h for h in releases.get("hdk", []) if same_release(h["driver"]["version"], driver)), None)
 
 
 def _firmware_release(releases: Mapping, firmware: str) -> dict | None:
     """The HDK release that ships ``firmware``."""
-    return next((h for h in releases.get("hdk", []) if _spelled_alike(h["firmware"]["version"], firmware)), None)
+    return next((h for h in releases.get("hdk", []) if same_release(h["firmware"]["version"], firmware)), None)
 
 
 def _cann(releases: Mapping, cann: str) -> dict | None:
-    return next((c for c in releases.get("cann", []) if _spelled_alike(c["version"], cann)), None)
+    return next((c for c in releases.get("cann", []) if same_release(c["version"], cann)), None)
 
 
 def _serving_row(releases: Mapping, tag: str) -> dict | None:
-    return next((r for r in releases.get("vllm_ascend_matrix", []) if _tag(r["vllm_ascend"]) == _tag(tag)), None)
+    return next((r for r in releases.get("vllm_ascend_matrix", []) if same_release(r["vllm_ascend"], tag)), None)
 
 
 def _known_drivers(releases: Mapping) -> list[str]:
@@ -124,7 +129,7 @@ def _known_canns(releases: Mapping) -> list[str]:
 
 def _tags_for_cann(releases: Mapping, cann: str) -> list[str]:
     """vllm-ascend tags built for ``cann``, newest first."""
-    tags = [r["vllm_ascend"] for r in releases.get("vllm_ascend_matrix", []) if _spelled_alike(r["cann"], cann)]
+    tags = [r["vllm_ascend"] for r in releases.get("vllm_ascend_matrix", []) if same_release(r["cann"], cann)]
     return sort_versions(tags, newest_first=True)
 
 
@@ -157,14 +162,6 @@ def _cann_train(cann: Mapping) -> str | None:
     return cann["toolkit"].get("train") or release_train(cann["toolkit"]["innerversion"])
 
 
-def _in_line(driver: str, line: str | None) -> bool:
-    # Recommendations name a release line: "25.5" covers 25.5.0 and 25.5.1, "24.1.rc2" covers 24.1.rc2.2.
-    if not line:
-        return False
-    driver, line = str(driver).lower(), str(line).lower()
-    return driver == line or driver.startswith(line + ".")
-
-
 def _official_pairings(releases: Mapping) -> list[dict]:
     """CANN -> recommended HDK line, from Huawei's table and from vllm-ascend's install pages."""
     rows = [dict(row) for row in releases.get("cann_hdk_official", [])]
@@ -179,23 +176,23 @@ def _official_pairings(releases: Mapping) -> list[dict]:
 def _pair_evidence(releases: Mapping, driver: str, cann: str) -> list[dict]:
     """Official rows, then observed ones, that pair ``driver`` with ``cann``."""
     official = [row for row in _official_pairings(releases)
-                if _spelled_alike(row["cann"], cann)
-                and (_in_line(driver, row["driver"]) or _spelled_alike(row.get("driver_file_version") or "", driver))]
+                if same_release(row["cann"], cann)
+                and (in_release_line(driver, row["driver"]) or same_release(row.get("driver_file_version"), driver))]
     observed = [row for row in releases.get("observed_pairings", [])
-                if row.get("cann") and _spelled_alike(row["cann"], cann) and _spelled_alike(row["driver"], driver)]
+                if row.get("cann") and same_release(row["cann"], cann) and same_release(row["driver"], driver)]
     return official + observed
 
 
 def _firmware_evidence(releases: Mapping, hdk: Mapping, firmware: str) -> tuple[str, tuple[str, ...]]:
     """How the driver/firmware pairing is known: its own HDK release, a published pairing, or only the files."""
-    if _spelled_alike(hdk["firmware"]["version"], firmware):
+    if same_release(hdk["firmware"]["version"], firmware):
         return hdk["confidence"], (hdk["source"],)
     driver = hdk["driver"]["version"]
     rows = [row for row in _official_pairings(releases)
-            if row.get("firmware") and _spelled_alike(row["firmware"], firmware) and _in_line(driver, row["driver"])]
+            if same_release(row.get("firmware"), firmware) and in_release_line(driver, row["driver"])]
     rows += [row for row in releases.get("observed_pairings", [])
-             if row.get("firmware") and _spelled_alike(row["firmware"], firmware)
-             and _spelled_alike(row["driver"], driver)]
+             if row.get("firmware") and same_release(row["firmware"], firmware)
+             and same_release(row["driver"], driver)]
     if rows:
         return _strongest(row["confidence"] for row in rows), tuple(row["source"] for row in rows)
     return "inferred", ()
@@ -362,7 +359,7 @@ def check_serving(releases: Mapping, *, cann: str, vllm_ascend: str) -> list[Ver
         return [_unknown("known-vllm-ascend", VLLM_ASCEND_VAR, f"vllm-ascend {vllm_ascend}",
                          _installable_tags(releases), f", or {NO_SERVING} for no serving stack")]
     tag, row_cann = row["vllm_ascend"], row["cann"]
-    if _spelled_alike(row_cann, cann):
+    if same_release(row_cann, cann):
         return [Verdict("serving-cann", True, "error", f"vllm-ascend {tag} is built for CANN {cann} "
                         f"({row['confidence']} matrix row)", "", VLLM_ASCEND_VAR, (row["source"],))]
     built_for_cann = _tags_for_cann(releases, cann)
@@ -482,7 +479,7 @@ def pairing_status(releases: Mapping, *, driver: str, firmware: str, cann: str) 
     if any(row["confidence"] == "official" for row in evidence):
         return "official"
     observed = [row for row in evidence if row["confidence"] == "observed"]
-    if any(not row.get("firmware") or _spelled_alike(row["firmware"], firmware) for row in observed):
+    if any(not row.get("firmware") or same_release(row["firmware"], firmware) for row in observed):
         return "observed"
     return INFERRED_STATUS
 
@@ -527,8 +524,8 @@ def matrix_rows(releases: Mapping) -> list[dict[str, Any]]:
 
 def _is_default(stack: DesiredStack, default: Mapping) -> bool:
     return (
-        _spelled_alike(stack.driver, default.get("driver", ""))
-        and _spelled_alike(stack.firmware, default.get("firmware", ""))
-        and _spelled_alike(stack.cann, default.get("cann", ""))
-        and _tag(stack.vllm_ascend or NO_SERVING) == _tag(default.get("vllm_ascend") or NO_SERVING)
+        same_release(stack.driver, default.get("driver", ""))
+        and same_release(stack.firmware, default.get("firmware", ""))
+        and same_release(stack.cann, default.get("cann", ""))
+        and same_release(stack.vllm_ascend or NO_SERVING, default.get("vllm_ascend") or NO_SERVING)
     )

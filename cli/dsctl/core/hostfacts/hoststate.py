@@ -25,16 +25,19 @@ read becomes a `Problem` and the rest of the picture is still returned.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import re
 import shlex
-import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar
+
+from packaging.utils import canonicalize_name
+from pydantic import TypeAdapter
 
 from dsctl.core.hostfacts import npusmi
 from dsctl.core.hostfacts import versionfiles as vf
+from dsctl.core.hostfacts.versionorder import same_release, version_key
 
 COLLECTOR_VERSION = 1
 T = TypeVar("T")
@@ -217,11 +220,13 @@ class HostState:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able; ``run_user_exists`` is repeated at the top for playbook conditions (ignored by from_dict)."""
-        return {**_plain(self), "run_user_exists": self.run_user.exists}
+        return {**_host_state_adapter().dump_python(self, mode="json"), "run_user_exists": self.run_user.exists}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HostState:
-        return _build(cls, data)
+        """Inverse of `to_dict` (missing keys keep their defaults); a value of the wrong type raises
+        pydantic.ValidationError naming the field."""
+        return _host_state_adapter().validate_python(data)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -334,21 +339,18 @@ def _trains(id_list_text: str) -> tuple[str, ...]:
 def _pending_reasons(driver: DriverState, firmware: FirmwareState, npus: NpusState) -> list[str]:
     """Files changed but the NPUs still run the old pair: they converge only at reboot (section 6.4)."""
     reasons = []
-    if driver.installed and driver.running and not _same(driver.installed, driver.running):
+    if driver.installed and driver.running and not same_release(driver.installed, driver.running):
         reasons.append(f"driver {driver.installed} installed, {driver.running} running")
     elif driver.installed and npus.present and npus.dcmi_code == -8005:
         # -8005 is what npu-smi prints after a driver or firmware install without reboot (mind-cluster FAQ).
         reasons.append(f"driver {driver.installed} installed, not loaded yet (npu-smi: {npus.error})")
-    if firmware.installed and firmware.running and not _same(firmware.installed, firmware.running):
+    if firmware.installed and firmware.running and not same_release(firmware.installed, firmware.running):
         reasons.append(f"firmware {firmware.installed} installed, {firmware.running} running")
     elif firmware.installed and npus.boards and not firmware.running:
         reasons.append(f"firmware {firmware.installed} installed, none active on the NPUs")
     return reasons
 
 
-def _same(left: str, right: str) -> bool:
-    # npu-smi and the files spell the same release identically, but "24.1.RC3" appears in vendor pages.
-    return left.casefold() == right.casefold()
 
 
 # --------------------------------------------------------------------------- npu-smi
@@ -486,7 +488,7 @@ def _parse_cann(raw: Mapping[str, Any], files: Mapping[str, Any], problems: list
 
     latest = _str(raw.get("toolkit_latest"))
     active = latest or (cfg_running[1] if cfg_running else None)
-    if latest and cfg_running and latest != cfg_running[1]:
+    if latest and cfg_running and not same_release(latest, cfg_running[1]):
         problems.append(Problem("cann", f"latest/ points into {latest} but version.cfg runs {cfg_running[1]}"))
     record = records.get(active, {}) if active else {}
     if active and not record:
@@ -502,7 +504,7 @@ def _parse_cann(raw: Mapping[str, Any], files: Mapping[str, Any], problems: list
         problems.append(Problem("cann", "nnal/atb/latest/version.info has no Ascend-cann-atb line"))
     return CannState(
         active=active,
-        installed=tuple(sorted(set(cfg_installed) | set(records), key=version_sort_key)),
+        installed=tuple(sorted(set(cfg_installed) | set(records), key=version_key)),
         innerversion=innerversion,
         train=vf.release_train(innerversion) if innerversion else None,
         accepts_driver_trains=_trains(record.get("compatible_version", "")),
@@ -518,23 +520,7 @@ def _kernels_installed_for(raw_dirs: Any, cfg: vf.VersionCfg) -> tuple[str, ...]
     """Versions with kernels/ops: an opp_kernel directory in the version dir, or version.cfg's opp_kernel list."""
     from_dirs = {str(version) for version, present in _mapping(raw_dirs).items() if present is True}
     from_cfg = {pair[1] for pair in cfg.get(vf.KERNELS_CFG_COMPONENT, {}).get("installed", [])}
-    return tuple(sorted(from_dirs | from_cfg, key=version_sort_key))
-
-
-def version_sort_key(version: str) -> tuple:
-    """Display order for CANN versions: 8.0.RC3 < 8.0.0 < 8.3.RC2 < 8.5.0 (RCs precede the release).
-
-    Only for listing versions; compatibility decisions never depend on this order.
-    """
-    key: list[tuple] = []
-    for part in version.split("."):
-        if part.isdigit():
-            key.append((1, int(part), ""))
-        else:
-            match = re.match(r"([A-Za-z]*)(\d*)", part)
-            letters, digits = (match[1], match[2]) if match else (part, "")
-            key.append((0, int(digits) if digits else 0, letters.lower() + part[len(letters) + len(digits) :]))
-    return tuple(key)
+    return tuple(sorted(from_dirs | from_cfg, key=version_key))
 
 
 # --------------------------------------------------------------------------- env file
@@ -614,7 +600,7 @@ def _parse_serving(raw_serving: Any) -> ServingState:
 
 def pep503_name(name: str) -> str:
     """``torch_npu`` and ``Torch.NPU`` are the distribution ``torch-npu`` (PEP 503 normalisation)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return canonicalize_name(name)
 
 
 # --------------------------------------------------------------------------- raw value coercion
@@ -646,37 +632,9 @@ def _bool(value: Any) -> bool | None:
 
 # --------------------------------------------------------------------------- dict round trip
 
-
-def _plain(value: Any) -> Any:
-    """Dataclasses to dicts and tuples to lists, so the result is what json.loads would give back."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    return value
-
-
-def _build(kind: Any, value: Any) -> Any:
-    """Rebuild ``kind`` (a dataclass, tuple, dict or union of them) from `_plain` output; missing keys keep defaults."""
-    if dataclasses.is_dataclass(kind):
-        if not isinstance(value, Mapping):
-            return kind()
-        hints = get_type_hints(kind)
-        known = {f.name for f in dataclasses.fields(kind)}
-        return kind(**{name: _build(hints[name], item) for name, item in value.items() if name in known})
-    origin, args = get_origin(kind), get_args(kind)
-    if origin in (Union, types.UnionType):
-        if value is None:
-            return None
-        options = [arg for arg in args if arg is not type(None)]
-        return _build(options[0], value) if len(options) == 1 else value
-    if origin is tuple:
-        items = list(value or ())
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], item) for item in items)
-        return tuple(_build(arg, item) for arg, item in zip(args, items, strict=False))
-    if origin is dict:
-        return {key: _build(args[1], item) for key, item in dict(value or {}).items()}
-    return value
+# pydantic does the round trip the dataclasses declare: tuples to JSON lists and back, nested states, defaults
+# for missing keys, unknown keys (``run_user_exists``) ignored.  Built once, on first use (schema building
+# costs a few milliseconds that `parse_host` alone does not need).
+@functools.cache
+def _host_state_adapter() -> TypeAdapter[HostState]:
+    return TypeAdapter(HostState)

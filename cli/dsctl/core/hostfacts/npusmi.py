@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsctl.core.hostfacts import versionorder
+
 # ---------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------
@@ -566,33 +568,13 @@ def parse_mapping(text: str) -> list[MappingRow]:
 _RANGE_RE = re.compile(r"\[\s*([^\],\[]+?)\s*,\s*([^\],\[]+?)\s*\]")
 
 
-def _version_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    # Numbers compare as numbers ("7.10" > "7.9"); anything else ("rc3", "b050") as
-    # text, after numbers. Empty parts ("23.0.rc3." upper bounds) carry no value.
-    parts = [part for part in version.strip().split(".") if part]
-    return tuple((0, int(part)) if part.isdigit() else (1, part.lower()) for part in parts)
-
-
-def _within(version: tuple, low: tuple, high: tuple) -> bool:
-    # A bound with fewer components than the version is a prefix bound:
-    # 7.5.0.1.129 falls in [7.0.0,7.5.99] because 7.5.0 <= 7.5.99.
-    return version[: len(low)] >= low and version[: len(high)] <= high
-
-
 def firmware_in_ranges(firmware: str, ranges_text: str) -> bool:
     """Whether ``firmware`` lies in one of the driver's ``compatible_version_fw`` ranges.
 
-    ``ranges_text`` is e.g. "[7.0.0,7.5.99]" or "[7.0.0,7.2.99],[8.0.0,8.9.9]".
-    Compared component by component, numerically (ascend-interfaces.md section 8
-    rule 2). The driver's own DCMI check (dcmi_judge_compatibility) compares
-    prefix-truncated strings with strcmp, which agrees for the published ranges
-    but would misorder e.g. 7.10 vs 7.9; numeric order is the intended one.
+    ``ranges_text`` is e.g. "[7.0.0,7.5.99]" or "[7.0.0,7.2.99],[8.0.0,8.9.9]"; the comparison is
+    `dsctl.core.hostfacts.versionorder.in_ranges`, the one dsctl's own checks use.
     """
-    version = _version_key(firmware)
-    if not version:
-        return False
-    ranges = _RANGE_RE.findall(ranges_text)
-    return any(_within(version, _version_key(low), _version_key(high)) for low, high in ranges)
+    return versionorder.in_ranges(firmware, _RANGE_RE.findall(ranges_text))
 
 
 def compatibility_verdict(firmware: str | None, ranges_text: str | None) -> str:
