@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -177,7 +178,9 @@ def test_closed_keepalive_connections_are_retried_and_the_key_is_sent_not_shown(
     assert m["total_output_tokens"] == 36  # no usage chunk: one token per message
     assert env["data"]["target"]["model"] == "scripted"
     assert all(b"Authorization: Bearer sekret-key-123" in head for head in server.heads)
-    assert all(b"x-request-id: probe-" in head for head in server.heads if head.startswith(b"POST"))
+    ids = [line.split(b":", 1)[1].strip().decode() for head in server.heads if head.startswith(b"POST")
+           for line in head.split(b"\r\n") if line.lower().startswith(b"x-request-id:")]
+    assert len(ids) >= 12 and all(uuid.UUID(value).version == 4 for value in ids)  # one UUID4 per request sent
     assert "sekret" not in json.dumps(env) and env["data"]["config"]["api_key_set"] is True
 
 

@@ -15,6 +15,7 @@ from dsctl.core.load.probe_metrics import (
     RequestRecord,
     SloWatch,
     calculate_metrics,
+    error_rate,
     parse_goodput,
     percentile,
     summarize,
@@ -112,6 +113,18 @@ def test_role_only_chat_chunk_is_the_first_token_as_in_vllm(monkeypatch):
     rec = replay([(0.01, HEAD), (0.02, _http_chunked(role)), (0.03, _http_chunked(b"data: [DONE]\n\n"))],
                  monkeypatch)
     assert rec.chunk_times == [0.02] and rec.success
+    assert rec.text_chunks == 0 and rec.output_len == 0 and rec.output_method == "chunks"  # no token in it
+    assert rec.response_id == "c"
+
+
+def test_without_usage_text_messages_are_counted_and_empty_ones_are_not(monkeypatch):
+    body = (_chunk("") + _chunk("a") + _chunk("") + _chunk('\\"b') + b": keep-alive\n\n" + _chunk("")
+            + b"data: [DONE]\n\n")
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    rec = replay([(0.01, head + body)], monkeypatch)
+    assert rec.success and len(rec.chunk_times) == 5
+    assert rec.text_chunks == 2 and rec.output_len == 2 and rec.output_method == "chunks"
+    assert rec.response_id == "cmpl-a"
 
 
 @pytest.mark.parametrize("reads, cls", [
@@ -123,6 +136,10 @@ def test_role_only_chat_chunk_is_the_first_token_as_in_vllm(monkeypatch):
     ([(0.01, HEAD), (0.02, _http_chunked(b'data: {"error":{"message":"boom","code":500}}\n\n'))],
      ErrorClass.HTTP_5XX),
     ([(0.01, HEAD), (0.02, _http_chunked(b"data: [DONE]\n\n"))], ErrorClass.PROTOCOL),  # 200, no token
+    ([(0.01, HEAD), (0.02, _http_chunked(_chunk("a")) + b"0\r\n\r\n")], ErrorClass.TRUNCATED),  # no [DONE]
+    ([(0.01, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(_chunk("a")) + _chunk("a"))],
+     ErrorClass.TRUNCATED),
+    ([(0.01, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + _chunk("a"))], ErrorClass.TRUNCATED),  # then EOF
 ])
 def test_failures_are_classified(monkeypatch, reads, cls):
     rec = replay(reads, monkeypatch)
@@ -171,7 +188,13 @@ def _records() -> list[RequestRecord]:
 def test_metrics_match_hand_computed_values():
     m = calculate_metrics(_records(), duration=2.0, goodput_ms={"ttft": 150, "tpot": 30})
     assert m["completed"] == 3 and m["failed"] == 2
-    assert m["failures"] == {"timeout": 1, "http_4xx": 0, "http_5xx": 1, "connection": 0, "protocol": 0}
+    assert m["failures"] == {"timeout": 1, "http_4xx": 0, "http_5xx": 1, "connection": 0, "protocol": 0,
+                             "truncated": 0}
+    assert m["output_tokens_counted_by"] == {"usage": 3, "chunks": 0}
+    errors = m["errors"]  # 2 of 5 failed: far above the default 5 %
+    assert errors["failed"] == 2 and errors["finished"] == 5 and errors["error_rate"] == pytest.approx(0.4)
+    assert errors["exceeded"] is True and errors["max_error_rate"] == 0.05
+    assert errors["by_class"]["timeout"] == 1 and errors["by_class"]["http_5xx"] == 1
     assert m["total_input_tokens"] == 60 and m["total_output_tokens"] == 10
     assert m["request_throughput"] == pytest.approx(1.5)
     assert m["output_throughput"] == pytest.approx(5.0)
@@ -221,6 +244,22 @@ def test_goodput_uses_tpot_zero_for_single_token_requests_and_e2el():
     assert m["good_requests"] == 1
     m = calculate_metrics(_records(), duration=2.0, goodput_ms={"tpot": 10})
     assert m["good_requests"] == 1  # only b (1 token, TPOT 0)
+
+
+def test_error_rate_counts_finished_requests_and_is_exceeded_only_above_the_limit():
+    records = [ok(10) for _ in range(19)] + [failed()]
+    errors = error_rate(records)  # 1 of 20 = exactly 5 %: at the limit, not above it
+    assert errors["error_rate"] == pytest.approx(0.05) and errors["exceeded"] is False
+    assert errors["by_class"]["connection"] == 1 and errors["examples"] == {"connection": ""}
+    cancelled = RequestRecord("x", scheduled=0.0, cancelled=True)
+    assert error_rate(records[:-2] + [failed(), cancelled])["finished"] == 19  # cancelled: neither
+    assert error_rate(records + [failed()])["exceeded"] is True
+    assert error_rate(records, max_error_rate=0.0)["exceeded"] is True
+    empty = error_rate([cancelled])
+    assert empty["error_rate"] is None and empty["exceeded"] is False and empty["finished"] == 0
+    for bad in (-0.1, 1.5, math.nan, "0.05"):
+        with pytest.raises(ValueError, match="max_error_rate"):
+            error_rate(records, max_error_rate=bad)
 
 
 def test_failed_requests_stay_out_of_latencies():

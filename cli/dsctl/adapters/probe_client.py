@@ -7,11 +7,20 @@ about what happens between a byte reaching the machine and its timestamp:
   kernel's receive time, so a busy event loop (256 streams, other processes on 2 cores) delays the processing of
   a message but not its timestamp. Elsewhere, and for https, an ``asyncio.Protocol`` stamps
   ``time.perf_counter()`` first thing in ``data_received``.
-* Per message the client only de-chunks and splits SSE events with ``bytes.find`` and recognises choice-bearing
-  messages with one regular expression; JSON is parsed only for the usage chunk (or an error event). Reads go
-  into one preallocated buffer (a fresh 256 KiB buffer per read costs more than the parsing).
+* Per message the client only de-chunks and splits SSE events with ``bytes.find``, recognises choice-bearing
+  messages with one regular expression and text-bearing ones with a second (the output length when the server
+  sends no usage); JSON is parsed only for the usage chunk (or an error event). Reads go into one preallocated
+  buffer (a fresh 256 KiB buffer per read costs more than the parsing).
 * Connections are kept alive and reused, as aiohttp's pool does for `vllm bench serve`; a request's clock starts
   just before a connection is taken from the pool (or opened), as vLLM's starts just before ``session.post``.
+
+Request ids: a fresh UUID4 per request, sent as ``x-request-id`` (the header vLLM's and our engine's servers
+echo and log; some OpenAI-compatible servers reject a value that is not a UUID with HTTP 400). The header can be
+renamed or left out (``request_id_header``); the first message's ``id`` is kept too, so a request can be matched
+to a server record that was keyed by the server's own id.
+
+A stream that ends without ``data: [DONE]`` is a failure (``truncated``), not a success: what was cut off is
+unknown.
 
 Timeouts at every level: connect (``wait_for``), first response byte, idle gap between bytes, total per request
 (one watchdog task checks every in-flight request a few times a second, so the hot path only stores a float),
@@ -24,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import platform
 import re
 import socket
@@ -32,6 +40,7 @@ import ssl
 import struct
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +50,14 @@ from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord
 
 _CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*(\]?)')
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+# A non-empty generated string inside the choices: completions' "text", chat's "delta.content", reasoning models'
+# "reasoning_content" (vLLM) or "reasoning". Searched from the end of the "choices" match, so the keys of the
+# envelope before it never count. An empty string, null or a role-only delta does not match.
+_TEXT = re.compile(rb'"(?:text|content|reasoning_content|reasoning)"\s*:\s*"(?!")')
+_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
+# RFC 9110 field-name token characters: a request id header name cannot smuggle CR/LF or a colon.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+DEFAULT_REQUEST_ID_HEADER = "x-request-id"
 _MAX_HEADER = 64 * 1024
 _MAX_ERROR_BODY = 4096
 _MAX_DOCUMENT = 1 << 20
@@ -212,7 +229,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = ("client", "transport", "state", "reused", "idle_since", "retry", "rec", "done", "stream", "last",
                  "got_byte", "headers_done", "head", "chunked", "length", "keep_alive", "raw", "chunk_left", "skip",
-                 "complete", "sse", "body", "body_cap", "finished")
+                 "complete", "done_seen", "sse", "body", "body_cap", "finished")
 
     def __init__(self, client: ProbeClient):
         self.client = client
@@ -243,6 +260,7 @@ class _Conn(asyncio.Protocol):
         self.chunk_left = 0
         self.skip = 0
         self.complete = False
+        self.done_seen = False
         self.sse = b""
         self.body = bytearray()
         self.body_cap = _MAX_ERROR_BODY if stream else _MAX_DOCUMENT
@@ -418,11 +436,20 @@ class _Conn(asyncio.Protocol):
                     continue  # comment / keep-alive / other fields
             match = _CHOICES.search(payload)
             if match is not None and not match.group(1):
-                self.rec.chunk_times.append(now)  # type: ignore[union-attr]
+                rec = self.rec
+                times = rec.chunk_times  # type: ignore[union-attr]
+                if not times:
+                    found = _ID.search(payload)
+                    if found is not None:
+                        rec.response_id = found.group(1).decode("utf-8", "replace")  # type: ignore[union-attr]
+                times.append(now)
+                if _TEXT.search(payload, match.end()) is not None:
+                    rec.text_chunks += 1  # type: ignore[union-attr]
                 if _USAGE_OBJECT.search(payload) is not None:
                     self._usage(payload, now)
             elif payload.strip() == b"[DONE]":
                 self.sse = b""
+                self.done_seen = True
                 self._finish(now)
                 return
             else:
@@ -482,6 +509,11 @@ class _Conn(asyncio.Protocol):
             self._events(b"\n\n", now)  # a last event without its blank line
             if self.finished:
                 return
+        if self.stream and not self.done_seen:
+            # vLLM, OpenAI and our engine end every stream with [DONE]; a body that ends before it was cut short
+            # (a proxy's timeout, a crashed worker behind a gateway), so its counts and E2EL are not the request's.
+            self.fail(ErrorClass.TRUNCATED, "the stream ended without data: [DONE]", now, reusable=True)
+            return
         self._finish(now)
 
     def _end(self, now: float, reusable: bool) -> None:
@@ -571,8 +603,14 @@ class ProbeClient:
     """
 
     def __init__(self, target: Target, *, api_key: str | None = None, timeouts: Timeouts = Timeouts(),
-                 max_idle: float = 2.0, kernel_timestamps: bool = True, lag_samples: list[float] | None = None):
+                 max_idle: float = 2.0, kernel_timestamps: bool = True, lag_samples: list[float] | None = None,
+                 request_id_header: str | None = DEFAULT_REQUEST_ID_HEADER):
+        """``request_id_header``: the header that carries each request's id (None: send none)."""
+        if request_id_header is not None and not _HEADER_NAME.fullmatch(request_id_header):
+            raise ValueError(f"request id header {request_id_header!r}: expected an HTTP header name such as "
+                             "x-request-id (letters, digits, '-')")
         self.target = target
+        self._request_id_prefix = f"{request_id_header}: ".encode("latin-1") if request_id_header else None
         self.timeouts = timeouts.effective()
         self.max_idle = max_idle
         self._ssl = _ssl_context(target)
@@ -634,8 +672,8 @@ class ProbeClient:
 
     def _request_bytes(self, method: str, path: str, body: bytes | None, request_id: str | None) -> bytes:
         head = f"{method} {self.target.base_path}{path} HTTP/1.1\r\n".encode("latin-1") + self._common
-        if request_id:
-            head += f"x-request-id: {request_id}\r\n".encode("latin-1")
+        if request_id and self._request_id_prefix is not None:
+            head += self._request_id_prefix + request_id.encode("latin-1") + b"\r\n"
         if body is None:
             return head + b"Accept: application/json\r\n\r\n"
         return (head + b"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
@@ -715,6 +753,7 @@ class ProbeClient:
             if conn.retry and attempt == 0 and not rec.cancelled:
                 rec.error, rec.error_detail, rec.status, rec.end = None, "", None, math.nan
                 rec.chunk_times.clear()
+                rec.text_chunks, rec.output_tokens, rec.response_id = 0, None, None
                 rec.sent = time.perf_counter()
                 continue
             return None if stream else bytes(conn.body)
@@ -734,6 +773,11 @@ class ProbeClient:
             return rec.status, json.loads(body) if body else None
         except ValueError:
             return rec.status, None
+
+
+def new_request_id() -> str:
+    """A fresh request id: a random UUID4 in its canonical form (what servers that validate ids accept)."""
+    return str(uuid.uuid4())
 
 
 def _os_error(exc: OSError) -> str:
@@ -778,14 +822,13 @@ class ProbeRun:
     measured request that ends; call ``stop(reason)`` (e.g. from it) to end the probe early."""
 
     def __init__(self, client: ProbeClient, path: str, body: BodyFactory, load: Load, *, warmup: int = 0,
-                 on_finish: Callable[[RequestRecord], None] | None = None, run_id: str | None = None):
+                 on_finish: Callable[[RequestRecord], None] | None = None):
         self.client = client
         self.path = path
         self.body = body
         self.load = load
         self.warmup = warmup
         self.on_finish = on_finish
-        self.run_id = run_id or os.urandom(4).hex()
         self.stopped: str | None = None
         self._stop = asyncio.Event()
         self._waiter: asyncio.Future | None = None
@@ -843,8 +886,7 @@ class ProbeRun:
         async def worker() -> None:
             for i in counter:
                 body, planned = self.body(-1 - i)
-                rec = RequestRecord(f"probe-{self.run_id}-warmup-{i}", scheduled=time.perf_counter(),
-                                    prompt_tokens=planned)
+                rec = RequestRecord(new_request_id(), scheduled=time.perf_counter(), prompt_tokens=planned)
                 records.append(rec)
                 await self.client.send(rec, self.path, body)
 
@@ -871,7 +913,7 @@ class ProbeRun:
                 due = start + offset
                 if not await self._wait_until(due):
                     break
-                rec = RequestRecord(f"probe-{self.run_id}-{i}", scheduled=due, prompt_tokens=planned)
+                rec = RequestRecord(new_request_id(), scheduled=due, prompt_tokens=planned)
                 records.append(rec)
                 task = loop.create_task(self._one(rec, body, sem, True))
                 self._tasks.add(task)
@@ -891,7 +933,7 @@ class ProbeRun:
                     now = time.perf_counter()
                     if now > deadline:
                         return
-                    rec = RequestRecord(f"probe-{self.run_id}-{i}", scheduled=now, prompt_tokens=planned)
+                    rec = RequestRecord(new_request_id(), scheduled=now, prompt_tokens=planned)
                     records.append(rec)
                     await self._one(rec, body, None, True)
 

@@ -8,13 +8,21 @@ Definitions (vllm-project/vllm `vllm/benchmarks/lib/endpoint_request_func.py`,
 * ITL   = every gap between consecutive choice-bearing messages; statistics are over the flattened list of the
           gaps of all successful requests.
 * E2EL  = last choice-bearing message - sent (the trailing usage-only chunk does not extend it).
-* Output length = ``usage.completion_tokens`` when the server returned it, otherwise the number of choice-bearing
-          messages (vLLM re-tokenises the text instead; dsctl has no tokenizer, and engines stream one token per
-          message unless speculative decoding is on).
+* Output length = ``usage.completion_tokens`` when the server returned it (method "usage"), otherwise the number of
+          text-bearing messages (method "chunks"): a message counts when its ``text`` / ``delta.content`` /
+          ``delta.reasoning_content`` is a non-empty string, so keep-alive messages with empty text and a chat
+          stream's role-only first delta count for TTFT (as in vLLM) but not as tokens.  vLLM re-tokenises the
+          text instead; without a tokenizer, counting messages is exact for engines that stream one token per
+          message (all of them unless speculative decoding or server-side batching of deltas is on).
 * TPOT  = (E2EL - TTFT) / (output_len - 1), only for requests with output_len > 1; for goodput such requests
           count as TPOT = 0.
-* Success = HTTP 200 and at least one choice-bearing message. Failed requests are counted by class and kept out of
-          every latency statistic and every throughput numerator.
+* Success = HTTP 200, at least one choice-bearing message and the stream's closing ``data: [DONE]``.  A stream
+          whose body ends without ``[DONE]`` is a failure of class ``truncated`` (what was cut off is unknown: its
+          token count and E2EL would be wrong).  Failed requests are counted by class and kept out of every latency
+          statistic and every throughput numerator.
+* Error rate = failed / (completed + failed) (cancelled requests are neither); it exceeds ``max_error_rate``
+          (default 0.05, as a tuner needs runs whose latencies describe the server, not its failures) when
+          strictly above it.  GuideLLM offers the same kind of limit (``--max-error-rate``).
 * request_throughput = completed / duration, output_throughput = sum(output_len) / duration,
   total_token_throughput = (sum(input_len) + sum(output_len)) / duration, request_goodput = good / duration where a
   request is good when every given ``--goodput`` bound (ms; ttft, tpot, e2el) holds with ``<=``.
@@ -36,6 +44,8 @@ from enum import StrEnum
 from typing import Any
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+DEFAULT_MAX_ERROR_RATE = 0.05  # failed / finished above this is reported as exceeded
+OUTPUT_METHODS = ("usage", "chunks")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # the keys vLLM's --goodput accepts
 
@@ -46,6 +56,7 @@ class ErrorClass(StrEnum):
     HTTP_5XX = "http_5xx"
     CONNECTION = "connection"
     PROTOCOL = "protocol"
+    TRUNCATED = "truncated"  # the stream's body ended (cleanly) without data: [DONE]
 
 
 @dataclass(slots=True)
@@ -56,6 +67,7 @@ class RequestRecord:
     scheduled: float  # when the arrival process released the request
     sent: float = math.nan  # immediately before the request bytes were written (vLLM's ``st``)
     chunk_times: list[float] = field(default_factory=list)  # arrival of each choice-bearing SSE message
+    text_chunks: int = 0  # choice-bearing messages whose text is not empty (the "chunks" token count)
     output_tokens: int | None = None  # usage.completion_tokens, when returned
     prompt_tokens: int = 0  # usage.prompt_tokens when returned, else the planned prompt length
     status: int | None = None  # HTTP status
@@ -63,6 +75,7 @@ class RequestRecord:
     error_detail: str = ""
     end: float = math.nan  # when the response ended (stream closed, [DONE], or failure)
     cancelled: bool = False  # stopped by the probe itself (early stop); neither success nor failure
+    response_id: str | None = None  # the "id" of the first choice-bearing message (cmpl-..., chatcmpl-...)
 
     @property
     def success(self) -> bool:
@@ -77,8 +90,13 @@ class RequestRecord:
         return self.chunk_times[-1] - self.sent
 
     @property
+    def output_method(self) -> str:
+        """How ``output_len`` was counted: "usage" (the server's completion_tokens) or "chunks" (text messages)."""
+        return "usage" if self.output_tokens is not None else "chunks"
+
+    @property
     def output_len(self) -> int:
-        return self.output_tokens if self.output_tokens else len(self.chunk_times)
+        return self.output_tokens if self.output_tokens is not None else self.text_chunks
 
     @property
     def tpot(self) -> float | None:
@@ -174,15 +192,45 @@ def is_good(record: RequestRecord, bounds_ms: Mapping[str, float]) -> bool:
 # -- the metric set -----------------------------------------------------------------------------------------
 
 
+def check_max_error_rate(value: float) -> float:
+    """``value`` when it is a share in [0, 1], else ValueError naming the setting."""
+    if not isinstance(value, int | float) or math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"max_error_rate {value!r}: expected a share of requests between 0 and 1 (e.g. 0.05)")
+    return float(value)
+
+
+def error_rate(records: Sequence[RequestRecord], max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> dict[str, Any]:
+    """Failed / finished measured requests against ``max_error_rate``, with the failures counted by class and one
+    example detail per class (the first), so a caller can say how many failed and why."""
+    limit = check_max_error_rate(max_error_rate)
+    failed = [r for r in records if not r.success and not r.cancelled]
+    finished = sum(1 for r in records if not r.cancelled)
+    by_class = {c.value: 0 for c in ErrorClass}
+    examples: dict[str, str] = {}
+    for r in failed:
+        kind = (r.error or ErrorClass.PROTOCOL).value
+        by_class[kind] += 1
+        examples.setdefault(kind, r.error_detail)
+    rate = len(failed) / finished if finished else None
+    return {"max_error_rate": limit, "error_rate": rate, "exceeded": rate is not None and rate > limit,
+            "failed": len(failed), "finished": finished, "by_class": by_class, "examples": examples}
+
+
 def calculate_metrics(records: Sequence[RequestRecord], duration: float,
                       goodput_ms: Mapping[str, float] | None = None,
-                      percentiles: Sequence[float] = PERCENTILES) -> dict[str, Any]:
-    """vLLM's ``calculate_metrics`` over measured records (warm-up already removed); ``duration`` in seconds."""
+                      percentiles: Sequence[float] = PERCENTILES,
+                      max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> dict[str, Any]:
+    """vLLM's ``calculate_metrics`` over measured records (warm-up already removed); ``duration`` in seconds.
+
+    Beyond vLLM's set: ``errors`` (`error_rate` against ``max_error_rate``) and ``output_tokens_counted_by``
+    (how many successful requests were counted by each method of `RequestRecord.output_method`)."""
+    errors = error_rate(records, max_error_rate)
     ok = [r for r in records if r.success]
     failed = [r for r in records if not r.success and not r.cancelled]
-    failures = {c.value: 0 for c in ErrorClass}
-    for r in failed:
-        failures[(r.error or ErrorClass.PROTOCOL).value] += 1
+    failures = dict(errors["by_class"])
+    counted_by = dict.fromkeys(OUTPUT_METHODS, 0)
+    for r in ok:
+        counted_by[r.output_method] += 1
     total_in = sum(r.prompt_tokens for r in ok)
     total_out = sum(r.output_len for r in ok)
     itls = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
@@ -214,6 +262,8 @@ def calculate_metrics(records: Sequence[RequestRecord], duration: float,
         "itl_ms": summarize(itls, 1e3, percentiles),
         "e2el_ms": summarize((r.e2el for r in ok), 1e3, percentiles),
         "client_queue_ms": summarize((r.queue_time for r in sent), 1e3, percentiles),
+        "output_tokens_counted_by": counted_by,
+        "errors": errors,
     }
 
 

@@ -1,0 +1,317 @@
+"""The probe client against small OpenAI-compatible servers written here, each with one trait of a real server the
+emulated engine does not have: request ids validated as UUIDs, streams without usage and with empty keep-alive
+messages, streams that end without ``data: [DONE]``.  Loopback only; every run is bounded by ``asyncio.wait_for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, Target, Timeouts
+from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
+
+LIMIT_S = 20.0  # every test run ends well within this, or fails
+Writer = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass
+class Seen:
+    """What the server saw and did for one request."""
+
+    request_id: str | None
+    max_tokens: int
+    generated: int = 0  # tokens with text the server streamed
+    response_id: str = ""
+
+
+@dataclass
+class Server:
+    """An HTTP/1.1 keep-alive server on 127.0.0.1; ``respond(seen, body, write)`` streams one response body."""
+
+    respond: Callable[[Seen, dict, Writer], Awaitable[bool]]  # returns False to close the connection afterwards
+    validate_uuid: bool = False
+    seen: list[Seen] = field(default_factory=list)
+    port: int = 0
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def target(self) -> Target:
+        return Target.parse(f"http://127.0.0.1:{self.port}")
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for _ in range(1000):  # requests per connection, bounded
+                head = await reader.readuntil(b"\r\n\r\n")
+                headers = {}
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    headers[name.strip().lower().decode()] = value.strip().decode()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                request_id = headers.get("x-request-id")
+                if self.validate_uuid and request_id is not None and not _is_uuid(request_id):
+                    # As a server that types the header as a UUID does: 400 with a JSON error body.
+                    doc = json.dumps({"error": {"message": f"x-request-id {request_id!r} is not a valid UUID",
+                                                "type": "BadRequestError", "code": 400}}).encode()
+                    writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(doc), doc))
+                    await writer.drain()
+                    continue
+                data = json.loads(body)
+                seen = Seen(request_id, int(data["max_tokens"]), response_id=f"cmpl-{uuid.uuid4().hex}")
+                self.seen.append(seen)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+
+                async def write(payload: bytes) -> None:
+                    writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                    await writer.drain()
+
+                keep = await self.respond(seen, data, write)
+                if not keep:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text.lower()
+    except ValueError:
+        return False
+
+
+def completion_chunk(seen: Seen, text: str, finish: str | None = None) -> bytes:
+    doc = {"id": seen.response_id, "object": "text_completion", "created": 1, "model": "m",
+           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def chat_chunk(seen: Seen, delta: dict, finish: str | None = None) -> bytes:
+    doc = {"id": seen.response_id, "object": "chat.completion.chunk", "created": 1, "model": "m",
+           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+USAGE = b'"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
+
+
+async def stream_with_usage(seen: Seen, data: dict, write: Writer) -> bool:
+    for i in range(seen.max_tokens):
+        await write(completion_chunk(seen, f" w{i}"))
+        seen.generated += 1
+    usage = USAGE % (8, seen.generated, 8 + seen.generated)
+    await write(b'data: {"id":"%s","object":"text_completion","choices":[],%s}\n\n' % (seen.response_id.encode(),
+                                                                                     usage))
+    await write(b"data: [DONE]\n\n")
+    await write(b"")  # the last HTTP chunk
+    return True
+
+
+async def stream_without_usage(seen: Seen, data: dict, write: Writer) -> bool:
+    """Completions: an empty first message, tokens each followed by an empty keep-alive message and an SSE
+    comment, a final empty message carrying finish_reason; no usage anywhere."""
+    await write(completion_chunk(seen, ""))
+    for i in range(seen.max_tokens):
+        await write(completion_chunk(seen, f" w{i}"))
+        seen.generated += 1
+        await write(completion_chunk(seen, ""))
+        await write(b": keep-alive\n\n")
+    await write(completion_chunk(seen, "", finish="length"))
+    await write(b"data: [DONE]\n\n")
+    await write(b"")
+    return True
+
+
+async def chat_without_usage(seen: Seen, data: dict, write: Writer) -> bool:
+    """Chat: the role-only first delta (with and without empty content), content deltas with empty ones between,
+    a reasoning delta, then an empty delta with finish_reason; no usage."""
+    await write(chat_chunk(seen, {"role": "assistant"}))
+    await write(chat_chunk(seen, {"role": "assistant", "content": ""}))
+    await write(chat_chunk(seen, {"reasoning_content": "think"}))
+    seen.generated += 1
+    for i in range(seen.max_tokens - 1):
+        await write(chat_chunk(seen, {"content": f"w{i} "}))
+        seen.generated += 1
+        await write(chat_chunk(seen, {"content": None}))
+        await write(chat_chunk(seen, {}))
+    await write(chat_chunk(seen, {}, finish="length"))
+    await write(b"data: [DONE]\n\n")
+    await write(b"")
+    return True
+
+
+def body_factory(endpoint: str = "completions", max_tokens: int = 6):
+    def body(index: int) -> tuple[bytes, int]:
+        if endpoint == "chat":
+            doc = {"model": "m", "messages": [{"role": "user", "content": f"q {index}"}], "max_tokens": max_tokens,
+                   "stream": True}
+        else:
+            doc = {"model": "m", "prompt": f"q {index}", "max_tokens": max_tokens, "stream": True}
+        return json.dumps(doc).encode(), 8
+
+    return body
+
+
+async def probe(server: Server, *, requests: int, concurrency: int = 3, endpoint: str = "completions",
+                max_tokens: int = 6, **client_options) -> RunResult:
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    async with ProbeClient(server.target, timeouts=Timeouts(total=5.0), **client_options) as client:
+        run = ProbeRun(client, path, body_factory(endpoint, max_tokens),
+                       Load(schedule=None, concurrency=concurrency, requests=requests, duration=None))
+        return await run.run(backstop=LIMIT_S)
+
+
+def run(coro: Awaitable) -> object:
+    async def bounded():
+        return await asyncio.wait_for(coro, LIMIT_S)
+
+    return asyncio.run(bounded())
+
+
+# --------------------------------------------------------------------------- request ids
+
+
+def test_uuid_request_ids_pass_a_server_that_validates_them_and_match_its_records():
+    async def main():
+        async with Server(stream_with_usage, validate_uuid=True) as server:
+            result = await probe(server, requests=9)
+            return server, result
+
+    server, result = run(main())
+    assert all(record.success for record in result.records), [r.error_detail for r in result.records]
+    ids = [record.request_id for record in result.records]
+    assert all(uuid.UUID(value).version == 4 for value in ids) and len(set(ids)) == 9
+    by_id = {seen.request_id: seen for seen in server.seen}
+    assert set(by_id) == set(ids)  # each record matches the server's record of the same request
+    for record in result.records:
+        assert record.response_id == by_id[record.request_id].response_id
+        assert record.output_method == "usage" and record.output_len == by_id[record.request_id].generated
+
+
+def test_the_validating_server_does_reject_other_ids_and_the_rejection_is_a_4xx():
+    async def main():
+        async with Server(stream_with_usage, validate_uuid=True) as server:
+            async with ProbeClient(server.target, timeouts=Timeouts(total=5.0)) as client:
+                rec = RequestRecord("probe-1a2b3c4d-0", scheduled=0.0)  # the probe's old id scheme
+                await client.send(rec, "/v1/completions", body_factory()(0)[0])
+                return server, rec
+
+    server, rec = run(main())
+    assert rec.status == 400 and rec.error is ErrorClass.HTTP_4XX and not rec.success
+    assert "not a valid UUID" in rec.error_detail and server.seen == []
+
+
+def test_no_request_id_header_and_a_renamed_one():
+    async def main(header):
+        async with Server(stream_with_usage, validate_uuid=True) as server:
+            result = await probe(server, requests=4, request_id_header=header)
+            return server, result
+
+    server, result = run(main(None))
+    assert all(record.success for record in result.records)
+    assert all(seen.request_id is None for seen in server.seen)  # nothing sent
+    # Without the header, the server's own id is what matches a record to the server's log.
+    assert sorted(r.response_id for r in result.records) == sorted(seen.response_id for seen in server.seen)
+
+    server, result = run(main("x-correlation-id"))
+    assert all(record.success for record in result.records) and all(s.request_id is None for s in server.seen)
+
+
+@pytest.mark.parametrize("name", ["x-request-id\r\nx-evil: 1", "bad name", "x:y", ""])
+def test_a_request_id_header_name_that_is_not_a_token_is_refused(name):
+    with pytest.raises(ValueError, match="request id header"):
+        ProbeClient(Target.parse("http://127.0.0.1:1"), request_id_header=name)
+
+
+# --------------------------------------------------------------------------- output length without usage
+
+
+@pytest.mark.parametrize(("respond", "endpoint"), [(stream_without_usage, "completions"),
+                                                   (chat_without_usage, "chat")])
+def test_without_usage_only_text_bearing_messages_count_as_tokens(respond, endpoint):
+    async def main():
+        async with Server(respond) as server:
+            result = await probe(server, requests=6, endpoint=endpoint, max_tokens=7)
+            return server, result
+
+    server, result = run(main())
+    generated = {seen.request_id: seen.generated for seen in server.seen}
+    assert all(record.success for record in result.records), [r.error_detail for r in result.records]
+    for record in result.records:
+        assert record.output_method == "chunks"
+        assert record.output_len == generated[record.request_id] == 7
+        assert len(record.chunk_times) > record.output_len  # the empty messages were seen, and not counted
+    metrics = calculate_metrics(result.records, result.duration)
+    assert metrics["total_output_tokens"] == sum(generated.values()) == 42
+    assert metrics["output_tokens_counted_by"] == {"usage": 0, "chunks": 6}
+
+
+# --------------------------------------------------------------------------- streams that end without [DONE]
+
+
+async def ends_without_done(seen: Seen, data: dict, write: Writer) -> bool:
+    for i in range(seen.max_tokens):
+        await write(completion_chunk(seen, f" w{i}"))
+        seen.generated += 1
+    await write(b"")  # a clean end of the HTTP body, but no data: [DONE]
+    return True
+
+
+async def hangs_up_mid_stream(seen: Seen, data: dict, write: Writer) -> bool:
+    await write(completion_chunk(seen, " w0"))
+    seen.generated += 1
+    return False  # close the connection without ending the chunked body
+
+
+def test_a_stream_that_ends_without_done_is_truncated_not_a_success():
+    async def main(respond):
+        async with Server(respond) as server:
+            return await probe(server, requests=4, concurrency=2)
+
+    result = run(main(ends_without_done))
+    assert [r.error for r in result.records] == [ErrorClass.TRUNCATED] * 4
+    assert not any(r.success for r in result.records) and "[DONE]" in result.records[0].error_detail
+    metrics = calculate_metrics(result.records, result.duration)
+    assert metrics["completed"] == 0 and metrics["failures"]["truncated"] == 4 and metrics["total_output_tokens"] == 0
+
+    result = run(main(hangs_up_mid_stream))
+    assert [r.error for r in result.records] == [ErrorClass.CONNECTION] * 4
+
+
+def test_the_error_rate_limit_says_how_many_failed_and_why():
+    # Every third request is cut short: about 33 % of requests fail, beyond the default 5 % but within 50 %.
+    count = {"n": 0}
+
+    async def every_third_truncated(seen: Seen, data: dict, write: Writer) -> bool:
+        count["n"] += 1
+        if count["n"] % 3 == 0:
+            return await ends_without_done(seen, data, write)
+        return await stream_with_usage(seen, data, write)
+
+    async def main():
+        async with Server(every_third_truncated) as server:
+            return await probe(server, requests=12, concurrency=1)
+
+    result = run(main())
+    errors = calculate_metrics(result.records, result.duration)["errors"]
+    assert errors["failed"] == 4 and errors["finished"] == 12 and errors["error_rate"] == pytest.approx(1 / 3)
+    assert errors["exceeded"] is True and errors["max_error_rate"] == 0.05
+    assert errors["by_class"]["truncated"] == 4 and "[DONE]" in errors["examples"]["truncated"]
+    relaxed = calculate_metrics(result.records, result.duration, max_error_rate=0.5)["errors"]
+    assert relaxed["exceeded"] is False and relaxed["failed"] == 4
