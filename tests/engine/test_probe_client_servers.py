@@ -16,6 +16,8 @@ import pytest
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, Target, Timeouts
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
 
+from .test_engine_server import KEY, MODEL, Engine
+
 LIMIT_S = 20.0  # every test run ends well within this, or fails
 Writer = Callable[[bytes], Awaitable[None]]
 
@@ -315,3 +317,38 @@ def test_the_error_rate_limit_says_how_many_failed_and_why():
     assert errors["by_class"]["truncated"] == 4 and "[DONE]" in errors["examples"]["truncated"]
     relaxed = calculate_metrics(result.records, result.duration, max_error_rate=0.5)["errors"]
     assert relaxed["exceeded"] is False and relaxed["failed"] == 4
+
+
+# --------------------------------------------------------------------------- the emulated engine's record
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("engine")
+    served = Engine(tmp, MODEL, "--max-model-len", "4096", "--api-key", KEY, "--served-model-name", MODEL,
+                    "--record", str(tmp / "record.jsonl")).wait_ready()
+    served.record = tmp / "record.jsonl"
+    yield served
+    served.stop()
+
+
+@pytest.mark.parametrize("header", ["x-request-id", None])
+def test_engine_records_match_the_probe_requests_with_or_without_the_header(engine, header):
+    async def main():
+        target = Target.parse(f"http://127.0.0.1:{engine.port}")
+        async with ProbeClient(target, api_key=KEY, timeouts=Timeouts(total=10.0), request_id_header=header) as client:
+            def body(index: int) -> tuple[bytes, int]:
+                doc = {"model": MODEL, "prompt": f"probe request {index}", "max_tokens": 4, "stream": True,
+                       "stream_options": {"include_usage": True}, "ignore_eos": True}
+                return json.dumps(doc).encode(), 3
+
+            run = ProbeRun(client, "/v1/completions", body,
+                           Load(schedule=None, concurrency=2, requests=6, duration=None))
+            return await run.run(backstop=LIMIT_S)
+
+    result = run(main())
+    assert all(r.success for r in result.records), [r.error_detail for r in result.records]
+    recorded = {json.loads(line)["id"]: json.loads(line) for line in engine.record.read_text().splitlines()}
+    for rec in result.records:
+        key = rec.request_id if header else rec.response_id  # the engine keys its record by either
+        assert key in recorded and recorded[key]["output_tokens"] == rec.output_len == 4
