@@ -10,6 +10,7 @@ from dsctl import data
 from dsctl.core.fleet.matrix import INFERRED_STATUS, StackError, check_pair, check_serving, matrix_rows, resolve_stack
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.errors import ExitStatus
+from dsctl.lab import wheelhouse
 from dsctl.lab.packages import package_specs
 
 
@@ -62,6 +63,16 @@ def test_installer_names_are_the_packages_the_lab_builds(releases, versions):
     built = {spec.name for spec in package_specs(releases, "aarch64")}
     names = [stack.driver_run, stack.firmware_run, stack.toolkit_run, stack.kernels_run, stack.nnal_run]
     assert {name.replace("{arch}", "aarch64") for name in names} <= built
+
+
+def test_pins_are_the_normalized_pep_440_versions_the_wheelhouse_names_its_files_with(releases):
+    edited = copy.deepcopy(releases)
+    row = next(r for r in edited["vllm_ascend_matrix"] if r["vllm_ascend"] == "v0.13.0")
+    row.update({"vllm_ascend": "V0.13.0", "torch_npu": "2.8.0-Post2", "vllm": "v0.13.0.0"})
+    stack = resolve_stack(edited, vllm_ascend="v0.13.0")  # found whatever the case of the tag
+    assert stack.vllm_ascend == "V0.13.0"
+    assert stack.pip_pins == {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0.0", "vllm-ascend": "0.13.0"}
+    assert all(wheelhouse.normalize_version(version) == version for version in stack.pip_pins.values())
 
 
 def test_the_stack_round_trips_through_a_dict(releases):

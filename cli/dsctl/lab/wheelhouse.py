@@ -63,6 +63,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
 FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 GENERATOR = "dsctl.lab.wheelhouse"
 WHEEL_TAG = "py3-none-any"
@@ -77,23 +80,6 @@ ENTRY_POINTS = "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
 ENGINE_ROOT = "dsctl.engine.__main__"
 # The dsctl package the vendored files are copied from: the one this module is part of.
 DSCTL_DIR = Path(__file__).resolve().parents[1]
-
-# PEP 440 public + local version, as the spec's appendix gives it (case-insensitive, surrounding space allowed).
-_PEP440 = re.compile(
-    r"""
-    ^\s*v?
-    (?:(?P<epoch>[0-9]+)!)?
-    (?P<release>[0-9]+(?:\.[0-9]+)*)
-    (?P<pre>[-_.]?(?P<pre_l>alpha|a|beta|b|preview|pre|c|rc)[-_.]?(?P<pre_n>[0-9]+)?)?
-    (?P<post>(?:-(?P<post_n1>[0-9]+))|(?:[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>[0-9]+)?))?
-    (?P<dev>[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
-    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
-    \s*$
-    """,
-    re.VERBOSE | re.IGNORECASE,
-)
-_PRE_LETTERS = {"alpha": "a", "a": "a", "beta": "b", "b": "b", "c": "rc", "pre": "rc", "preview": "rc", "rc": "rc"}
-
 
 @dataclass(frozen=True)
 class StandIn:
@@ -115,27 +101,15 @@ class StandIn:
 
 def normalize_version(text: str) -> str | None:
     """The normalized PEP 440 form of ``text`` ("v0.13.0" -> "0.13.0"), or None if it is no PEP 440 version."""
-    match = _PEP440.match(str(text))
-    if match is None:
+    try:
+        return str(Version(str(text)))
+    except InvalidVersion:
         return None
-    parts = []
-    if match["epoch"] and int(match["epoch"]):
-        parts.append(f"{int(match['epoch'])}!")
-    parts.append(".".join(str(int(n)) for n in match["release"].split(".")))
-    if match["pre"]:
-        parts.append(f"{_PRE_LETTERS[match['pre_l'].lower()]}{int(match['pre_n'] or 0)}")
-    if match["post"]:
-        parts.append(f".post{int(match['post_n1'] or match['post_n2'] or 0)}")
-    if match["dev"]:
-        parts.append(f".dev{int(match['dev_n'] or 0)}")
-    if match["local"]:
-        parts.append("+" + ".".join(re.split(r"[-_.]", match["local"].lower())))
-    return "".join(parts)
 
 
 def wheel_name(distribution: str) -> str:
     """The distribution part of a wheel file name (PEP 427 / PEP 503): lower case, runs of -_. as one "_"."""
-    return re.sub(r"[-_.]+", "_", distribution).lower()
+    return canonicalize_name(distribution).replace("-", "_")
 
 
 def stand_ins(releases: dict) -> list[StandIn]:

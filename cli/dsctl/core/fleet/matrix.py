@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from packaging.version import InvalidVersion, Version
+
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.core.fleet.versions import (
     in_ranges,
@@ -93,9 +95,13 @@ class Verdict:
 # release names (same_release), never order.
 
 
-def _tag(value: str) -> str:
-    # The PEP 503-ish spelling pip pins use ("v0.13.0" -> "0.13.0"); comparisons go through same_release.
-    return str(value).strip().lower().removeprefix("v")
+def _pip_version(tag: str) -> str:
+    """The normalized PEP 440 version pip pins and wheel file names use: "v0.13.0" -> "0.13.0", "v0.9.0-RC1" ->
+    "0.9.0rc1"; a tag that is no PEP 440 version stays as written (pip then refuses the pin in its own words)."""
+    try:
+        return str(Version(str(tag)))
+    except InvalidVersion:
+        return str(tag).strip()
 
 
 def _hdk(releases: Mapping, driver: str) -> dict | None:
@@ -409,7 +415,7 @@ def _serving_fields(row: Mapping | None) -> dict[str, Any]:
         "torch_npu": row["torch_npu"],
         "python": row.get("python"),
         # PEP 503 names; pip wants "0.13.0", the matrix writes the git tag "v0.13.0".
-        "pip_pins": {name: _tag(version) for name, version in pins.items()},
+        "pip_pins": {name: _pip_version(version) for name, version in pins.items()},
     }
 
 
@@ -437,7 +443,7 @@ def resolve_stack(releases: Mapping, *, driver: str | None = None, firmware: str
     cann_release = _required(_cann(releases, cann), check_pair(releases, driver=driver, cann=cann))
     tag = vllm_ascend if vllm_ascend is not None else default["vllm_ascend"]
     row = None
-    if _tag(tag) != NO_SERVING:
+    if tag is not None and not same_release(tag, NO_SERVING):  # null in the data also means no serving stack
         row = _required(_serving_row(releases, tag), check_serving(releases, cann=cann, vllm_ascend=tag))
 
     verdicts = check_pair(releases, driver=hdk["driver"]["version"], firmware=firmware_hdk["firmware"]["version"],

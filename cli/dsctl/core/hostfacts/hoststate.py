@@ -351,8 +351,6 @@ def _pending_reasons(driver: DriverState, firmware: FirmwareState, npus: NpusSta
     return reasons
 
 
-
-
 # --------------------------------------------------------------------------- npu-smi
 
 
@@ -633,8 +631,8 @@ def _bool(value: Any) -> bool | None:
 # --------------------------------------------------------------------------- dict round trip
 
 # pydantic does the round trip the dataclasses declare: tuples to JSON lists and back, nested states, defaults
-# for missing keys, unknown keys (``run_user_exists``) ignored.  Built once, on first use (schema building
-# costs a few milliseconds that `parse_host` alone does not need).
+# for missing keys, unknown keys (``run_user_exists``) ignored.  Built once, on first use, so importing the
+# parser (the emulator's tests, `dsctl --help`) does not pay for building the schema.
 @functools.cache
 def _host_state_adapter() -> TypeAdapter[HostState]:
     return TypeAdapter(HostState)
