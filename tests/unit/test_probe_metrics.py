@@ -140,6 +140,7 @@ def test_without_usage_text_messages_are_counted_and_empty_ones_are_not(monkeypa
     ([(0.01, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(_chunk("a")) + _chunk("a"))],
      ErrorClass.TRUNCATED),
     ([(0.01, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + _chunk("a"))], ErrorClass.TRUNCATED),  # then EOF
+    ([(0.01, b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n{\"ok\": true}")], ErrorClass.PROTOCOL),  # no stream
 ])
 def test_failures_are_classified(monkeypatch, reads, cls):
     rec = replay(reads, monkeypatch)

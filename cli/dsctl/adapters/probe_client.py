@@ -509,7 +509,7 @@ class _Conn(asyncio.Protocol):
             self._events(b"\n\n", now)  # a last event without its blank line
             if self.finished:
                 return
-        if self.stream and not self.done_seen:
+        if self.stream and not self.done_seen and self.rec.chunk_times:  # type: ignore[union-attr]
             # vLLM, OpenAI and our engine end every stream with [DONE]; a body that ends before it was cut short
             # (a proxy's timeout, a crashed worker behind a gateway), so its counts and E2EL are not the request's.
             self.fail(ErrorClass.TRUNCATED, "the stream ended without data: [DONE]", now, reusable=True)
