@@ -5,12 +5,15 @@ Fixtures are verbatim captures; tests/fixtures/npu_smi/SOURCES.md says where eac
 
 from __future__ import annotations
 
+import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 from dsctl.core.hostfacts import npusmi
 from dsctl.core.hostfacts.npusmi import InfoResult, ListEntry, MappingRow, NpuProcess, NpuStatus
+from dsctl.lab import packages
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "npu_smi"
 
@@ -398,3 +401,29 @@ def test_compatibility_verdict(firmware, ranges, verdict):
 )
 def test_dcmi_error_code(text, code):
     assert npusmi.dcmi_error_code(text) == code
+
+
+# --- what the emulated tools may import ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("modules", [packages.ZIPAPP_MODULES, packages.INSTALLER_MODULES])
+def test_modules_shipped_to_bare_hosts_import_only_the_standard_library_and_each_other(modules):
+    # The zipapps and installers run under a bare host's /usr/bin/python3: a third-party import (packaging,
+    # pydantic) or a dsctl module left out of the list would fail there with ImportError, not in the unit tests.
+    shipped = {"dsctl." + name.removesuffix(".py").replace("/", ".") for name in modules}
+    for name in modules:
+        for node in ast.walk(ast.parse((packages.DSCTL_DIR / name).read_text())):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                module = node.module
+                is_package = module.startswith("dsctl") and module not in shipped
+                imported = [f"{module}.{alias.name}" for alias in node.names] if is_package else [module]
+            else:
+                continue
+            for module in imported:
+                if module.startswith("dsctl"):
+                    assert module in shipped, f"{name} imports {module}, which is not shipped with it"
+                else:
+                    top = module.split(".")[0]
+                    assert top in sys.stdlib_module_names or top == "__future__", f"{name} imports {module}"
