@@ -3,7 +3,8 @@
 The implementation is `dsctl.core.hostfacts.versionorder`, hand-written in the standard library because the
 emulated npu-smi on lab hosts judges driver/firmware compatibility with the same code (see its docstring for
 the order and for why ``packaging.version`` cannot be used: Ascend versions are not PEP 440).  This module is
-the one name controller code imports, so matrix, compat, audit and the service schema order versions alike.
+the name controller code imports (matrix, compat, the service schema; hostfacts.hoststate uses the
+implementation directly), so they all order and compare versions alike.
 Python-side versions (the serving venv's interpreter and wheels) are PEP 440 and go through ``packaging``.
 """
 
