@@ -62,7 +62,8 @@ def test_the_sample_inventory_settings_pass():
          "inventory: host lab-01: dsctl_allow_reboot: expected true or false (unquoted), got 'no'; "
          "fix it in group_vars or host_vars"),
         ({"dsctl_package_source": "ascend-packages"},
-         "inventory: host lab-01: dsctl_package_source: expected an absolute path or an http(s):// URL, "
+         "inventory: host lab-01: dsctl_package_source: expected an absolute path of letters, digits and . _ / + - "
+         "without '..' or an http(s):// URL, "
          "got 'ascend-packages'; fix it in group_vars or host_vars"),
         ({"dsctl_pip_index_url": "ftp://mirror"},
          "inventory: host lab-01: dsctl_pip_index_url: expected an http(s):// URL, got 'ftp://mirror'; "
@@ -77,7 +78,8 @@ def test_the_sample_inventory_settings_pass():
          "inventory: host lab-01: dsctl_reboot_timeout: expected an integer number of seconds, 30..7200, got 5; "
          "fix it in group_vars or host_vars"),
         ({"dsctl_install_path": "usr/local/Ascend"},
-         "inventory: host lab-01: dsctl_install_path: expected an absolute path, got 'usr/local/Ascend'; "
+         "inventory: host lab-01: dsctl_install_path: expected an absolute path of letters, digits and . _ / + - "
+         "without '..', got 'usr/local/Ascend'; "
          "fix it in group_vars or host_vars"),
     ],
 )

@@ -24,8 +24,9 @@ from dsctl.errors import ExitStatus
 
 HOST = "lab-01"
 VENV = "/opt/dsctl/serving-venv"
+# Listens on every address: without a key that takes allow_unauthenticated (see the authentication tests).
 CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
-        "npus_per_instance": 4}
+        "npus_per_instance": 4, "allow_unauthenticated": True}
 SECRET = "sk-very-secret-9f8e7d"
 
 
@@ -125,7 +126,8 @@ def test_defaults():
 
 
 def test_host_defaults_and_engine_defaults():
-    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen/", "npus_per_instance": 2}
+    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen/", "npus_per_instance": 2,
+              "allow_unauthenticated": True}
     (spec,) = validate([mindie], manager_default="supervisor")
     assert spec.manager == "supervisor"
     assert spec.port == 1025
@@ -164,8 +166,8 @@ def test_values_are_normalised():
         ({**CHAT, "npu_per_instance": 4},
          "dsctl_services[0].npu_per_instance: unknown service setting; did you mean npus_per_instance?"),
         ({k: v for k, v in CHAT.items() if k != "model"},
-         "dsctl_services[0].model: required but not set (an absolute path to the weights or a model name such as "
-         "deepseek-ai/DeepSeek-R1); add it to the service"),
+         "dsctl_services[0].model: required but not set (an absolute path to the weights (letters, digits and "
+         "._/+- without '..') or a model name such as deepseek-ai/DeepSeek-R1); add it to the service"),
         (chat(npus_per_instance="four"),
          "dsctl_services[0].npus_per_instance: expected an integer 1..16, got 'four'; fix it in group_vars or "
          "host_vars"),
@@ -386,7 +388,8 @@ def test_eight_npus_two_tp4_instances():
 
 def test_npus_are_handed_out_in_order_across_services():
     specs = validate([chat(npus_per_instance=2, instances=2),
-                      {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4}])
+                      {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4,
+                       "allow_unauthenticated": True}])
     instances = plan_host(specs, 8)
     assert [(i.name, i.visible_devices, i.ports) for i in instances] == [
         ("chat-0", "0,1", (8000,)), ("chat-1", "2,3", (8001,)), ("mi-0", "4,5,6,7", (1025, 1026, 1027))]
@@ -394,7 +397,7 @@ def test_npus_are_handed_out_in_order_across_services():
 
 def test_mindie_instances_take_three_ports_each():
     (spec,) = validate([{"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4,
-                         "instances": 2}])
+                         "instances": 2, "allow_unauthenticated": True}])
     assert [i.ports for i in plan_instances(spec, list(range(8)))] == [(1025, 1026, 1027), (1028, 1029, 1030)]
 
 
@@ -420,7 +423,8 @@ def test_duplicate_ports_across_services():
     assert problem(services) == (
         f"inventory: host {HOST}: dsctl_services[1].port: port 8001 of embed-0 is also used by chat-1; give each "
         "service its own port range (embed needs 1 from its port)")
-    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 2, "port": 7999}
+    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 2, "port": 7999,
+              "allow_unauthenticated": True}
     assert "port 8000 of mi-0 is also used by chat-0" in problem([chat(npus_per_instance=2), mindie])
 
 
@@ -471,9 +475,9 @@ def test_an_api_key_problem_says_the_value_is_not_shown():
 def test_a_spec_built_directly_derives_its_defaults():
     """tune builds candidates without an inventory: the same defaults, the same parameter check."""
     spec = ServiceSpec(name="cand", engine="vllm-ascend", model="/models/m/", npus_per_instance=2,
-                       params={"gpu_memory_utilization": 1})
+                       allow_unauthenticated=True, params={"gpu_memory_utilization": 1})
     assert (spec.port, spec.tensor_parallel_size, spec.served_model_name, spec.venv) == (8000, 2, "m", DEFAULT_VENV)
     assert spec.params == {"gpu_memory_utilization": 1.0}
     with pytest.raises(ServiceError, match=r"^params\.max_num_seqz: unknown vllm-ascend parameter; did you mean"):
         ServiceSpec(name="cand", engine="vllm-ascend", model="/models/m", npus_per_instance=2,
-                    params={"max_num_seqz": 1})
+                    allow_unauthenticated=True, params={"max_num_seqz": 1})

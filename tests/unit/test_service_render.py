@@ -30,10 +30,11 @@ CONFIG_DIR = "/etc/dsctl/services"
 LOG_DIR = "/var/log/dsctl"
 VENV = "/opt/dsctl/serving-venv"
 SECRET = "sk-render-secret-42"
+# Both listen on every address: without a key that takes allow_unauthenticated (test_service.py has the rule).
 CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
-        "npus_per_instance": 4, "instances": 2}
+        "npus_per_instance": 4, "instances": 2, "allow_unauthenticated": True}
 MINDIE = {"name": "mi", "engine": "mindie", "model": "/models/Qwen2.5-7B-Instruct/", "npus_per_instance": 4,
-          "instances": 2, "params": {"maxBatchSize": 256, "maxPrefillBatchSize": 64, "supportSelectBatch": True}}
+          "instances": 2, "allow_unauthenticated": True, "params": {"maxBatchSize": 256, "maxPrefillBatchSize": 64, "supportSelectBatch": True}}
 DRIVER_MOUNTS = [  # ascend-interfaces.md section 10 (vllm-ascend docs/source/installation.md)
     "/usr/local/dcmi:/usr/local/dcmi",
     "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
@@ -356,6 +357,7 @@ def test_unit_dir_override():
 def test_lab_engine_command():
     files = rendered({"name": "lab", "engine": "lab-engine", "model": "deepseek-r1-distill-qwen-7b",
                       "npus_per_instance": 1, "instances": 2, "manager": "supervisor", "time_scale": 0.01,
+                      "allow_unauthenticated": True,
                       "params": {"max_num_seqs": 32, "stream_num": 4, "kv_sparse_threshold": 0.2, "seed": 7}},
                      vllm_ascend=None)
     assert exec_argv(files["lab-1"]["launch"].content) == [
