@@ -34,7 +34,8 @@ SECRET = "sk-render-secret-42"
 CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
         "npus_per_instance": 4, "instances": 2, "allow_unauthenticated": True}
 MINDIE = {"name": "mi", "engine": "mindie", "model": "/models/Qwen2.5-7B-Instruct/", "npus_per_instance": 4,
-          "instances": 2, "allow_unauthenticated": True, "params": {"maxBatchSize": 256, "maxPrefillBatchSize": 64, "supportSelectBatch": True}}
+          "instances": 2, "allow_unauthenticated": True,
+          "params": {"maxBatchSize": 256, "maxPrefillBatchSize": 64, "supportSelectBatch": True}}
 DRIVER_MOUNTS = [  # ascend-interfaces.md section 10 (vllm-ascend docs/source/installation.md)
     "/usr/local/dcmi:/usr/local/dcmi",
     "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
