@@ -481,3 +481,71 @@ def test_a_spec_built_directly_derives_its_defaults():
     with pytest.raises(ServiceError, match=r"^params\.max_num_seqz: unknown vllm-ascend parameter; did you mean"):
         ServiceSpec(name="cand", engine="vllm-ascend", model="/models/m", npus_per_instance=2,
                     allow_unauthenticated=True, params={"max_num_seqz": 1})
+
+
+# --------------------------------------------------------------------------- authentication, groups, paths
+
+OPEN = {k: v for k, v in CHAT.items() if k != "allow_unauthenticated"}
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.5", "fe80::1"])
+def test_an_api_key_is_required_beyond_loopback(bind):
+    assert problem([{**OPEN, "bind": bind}]) == (
+        f"inventory: host {HOST}: dsctl_services[0].api_key: the service listens on {bind}"
+        f"{' (every address)' if bind in ('0.0.0.0', '::') else ''}, beyond this host, without an api_key; set "
+        "api_key (from ansible-vault: api_key: \"{{ vault_chat_api_key }}\"), bind 127.0.0.1, or set "
+        "allow_unauthenticated: true to serve anyone who can reach the port")
+
+
+def test_the_default_bind_needs_a_key_too():
+    assert "dsctl_services[0].api_key: the service listens on 0.0.0.0 (every address)" in problem([OPEN])
+
+
+@pytest.mark.parametrize("service", [
+    {**OPEN, "bind": "127.0.0.1"}, {**OPEN, "bind": "127.8.9.10"}, {**OPEN, "bind": "::1"},
+    {**OPEN, "api_key": SECRET}, {**OPEN, "allow_unauthenticated": True},
+])
+def test_loopback_a_key_or_an_explicit_opt_out_pass(service):
+    (spec,) = validate([service])
+    assert spec.allow_unauthenticated is bool(service.get("allow_unauthenticated"))
+
+
+def test_the_opt_out_must_be_a_real_boolean():
+    assert problem([{**OPEN, "allow_unauthenticated": "yes"}]) == (
+        f"inventory: host {HOST}: dsctl_services[0].allow_unauthenticated: expected true or false (unquoted), "
+        "got 'yes'; fix it in group_vars or host_vars")
+
+
+def test_mindie_beyond_loopback_needs_the_opt_out():
+    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4}
+    assert problem([mindie]) == (
+        f"inventory: host {HOST}: dsctl_services[0].bind: MindIE has no API key and the service listens on 0.0.0.0 "
+        "(every address), beyond this host; bind 127.0.0.1 behind an authenticating proxy, or set "
+        "allow_unauthenticated: true")
+    assert validate([{**mindie, "bind": "127.0.0.1"}])[0].bind == "127.0.0.1"
+
+
+def test_tunes_candidates_keep_the_opt_out():
+    (spec,) = validate([chat(params={"max_num_seqs": 64})])
+    assert spec.with_params({"max_num_seqs": 32}).allow_unauthenticated is True
+
+
+@pytest.mark.parametrize("group", ["root", "wheel", "sudo", "docker", "disk", "adm", "shadow"])
+def test_privileged_groups_are_refused_for_the_service_user(group):
+    assert problem([chat(group=group)]) == (
+        f"inventory: host {HOST}: dsctl_services[0].group: expected a group name other than root, wheel, sudo, "
+        f"docker, disk, adm, shadow, got {group!r}; fix it in group_vars or host_vars")
+
+
+@pytest.mark.parametrize("path", ["/opt/venv$(touch${IFS}/owned)", "/opt/`id`", "/opt/a b", "/opt/x;y",
+                                  "/opt/../etc", "/opt/100%", "opt/venv", "/opt/'q'"])
+def test_path_fields_take_a_safe_character_set_only(path):
+    for field, value in (("venv", path), ("model", path.rstrip("/") + "/weights")):
+        message = problem([chat(**{field: value})])
+        assert message.startswith(f"inventory: host {HOST}: dsctl_services[0].{field}: expected an absolute path")
+        assert "letters, digits and" in message
+
+
+def test_safe_paths_pass():
+    (spec,) = validate([chat(venv="/opt/dsctl/serving-venv_2.1+cpu", model="/models/Qwen2.5-7B.Instruct/")])
+    assert spec.venv == "/opt/dsctl/serving-venv_2.1+cpu"
