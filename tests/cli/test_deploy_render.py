@@ -83,3 +83,26 @@ def test_an_unsafe_config_dir_is_refused_before_any_host(tmp_path):
     assert result.stderr.count("\n") == 1
     assert "dsctl_service_config_dir: expected an absolute path of letters, digits and . _ / + -" in result.stderr
     assert result.stdout == ""
+
+
+def test_a_yaml_syntax_error_names_file_and_line(tmp_path):
+    site = _sample_copy(tmp_path)
+    services = site / "group_vars" / "npu_nodes" / "services.yml"
+    services.write_text(services.read_text().replace("    port: 8000", "    port: [8000"))
+    result = dsctl("deploy", str(site / "hosts.yml"), "--render")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert f"inventory: {services}, line " in result.stderr and "did not find expected" in result.stderr
+
+
+def test_a_limit_that_matches_no_host_is_refused(tmp_path):
+    from dsctl.adapters.inventory import host_vars
+    from dsctl.errors import UsageError
+
+    try:
+        host_vars(SAMPLE, limit="h*")
+    except UsageError as refused:
+        assert str(refused) == ("--limit 'h*' matches no host of npu_nodes (hosts: atlas-a01, atlas-a02); give "
+                                "host names, groups or patterns such as 'atlas-a0*'")
+    else:
+        raise AssertionError("--limit 'h*' was accepted")

@@ -147,7 +147,7 @@ _TAGGED_TYPE = re.compile(r"<class '[\w.]*?_AnsibleTagged(\w+)'>")
 
 def _message(exc: BaseException) -> str:
     """Ansible's one-line message; for YAML syntax errors the parser's own words (problem and context)."""
-    cause = exc.__cause__
+    cause = next((link for link in _chain(exc) if getattr(link, "problem", None)), None)
     problem = getattr(cause, "problem", None)
     if problem:
         context = getattr(cause, "context", None)
