@@ -26,7 +26,7 @@ KEY = "lab-test-key-0123456789"
 def service(name: str, port: int, **params) -> dict:
     return {"name": name, "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
             "served_model_name": "r1-7b", "npus_per_instance": 4, "instances": 1, "port": port,
-            "health_timeout_s": 120, "params": {"max_num_seqs": 32, **params}}
+            "health_timeout_s": 120, "allow_unauthenticated": True, "params": {"max_num_seqs": 32, **params}}
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,8 @@ def test_the_sample_inventory_settings_pass():
          "inventory: host lab-01: dsctl_allow_reboot: expected true or false (unquoted), got 'no'; "
          "fix it in group_vars or host_vars"),
         ({"dsctl_package_source": "ascend-packages"},
-         "inventory: host lab-01: dsctl_package_source: expected an absolute path or an http(s):// URL, "
+         "inventory: host lab-01: dsctl_package_source: expected an absolute path of letters, digits and . _ / + - "
+         "without '..' or an http(s):// URL, "
          "got 'ascend-packages'; fix it in group_vars or host_vars"),
         ({"dsctl_pip_index_url": "ftp://mirror"},
          "inventory: host lab-01: dsctl_pip_index_url: expected an http(s):// URL, got 'ftp://mirror'; "
@@ -77,7 +78,8 @@ def test_the_sample_inventory_settings_pass():
          "inventory: host lab-01: dsctl_reboot_timeout: expected an integer number of seconds, 30..7200, got 5; "
          "fix it in group_vars or host_vars"),
         ({"dsctl_install_path": "usr/local/Ascend"},
-         "inventory: host lab-01: dsctl_install_path: expected an absolute path, got 'usr/local/Ascend'; "
+         "inventory: host lab-01: dsctl_install_path: expected an absolute path of letters, digits and . _ / + - "
+         "without '..', got 'usr/local/Ascend'; "
          "fix it in group_vars or host_vars"),
     ],
 )
@@ -172,3 +174,26 @@ def test_a_problem_shared_by_several_hosts_says_how_many():
         "inventory: 5 hosts (lab-01, lab-02, lab-03, ...): dsctl_npu_count: expected an integer 1..16, got 'eight'; "
         "fix it in group_vars or host_vars (other problems on 1 more host)"
     )
+
+
+PATH_SETTINGS = ["dsctl_install_path", "dsctl_serving_venv", "dsctl_staging_dir", "dsctl_env_file",
+                 "dsctl_service_config_dir", "dsctl_service_log_dir", "dsctl_package_source", "dsctl_wheelhouse"]
+
+
+@pytest.mark.parametrize("field", PATH_SETTINGS)
+@pytest.mark.parametrize("value", ["/etc/$(touch${IFS}/owned)", "/etc/`id`", "/etc/dsctl/../../root",
+                                   "/etc/a b", "/etc/x;reboot", "/etc/100%"])
+def test_every_path_setting_takes_a_safe_character_set_only(field, value):
+    error = problem({**SITE, field: value})
+    assert error.exit_status == ExitStatus.USAGE
+    assert str(error).startswith(f"inventory: host lab-01: {field}: expected an absolute path of letters, digits "
+                                 "and . _ / + - without '..'")
+    # (the wheelhouse, derived from dsctl_package_source, is the "1 more problem" there)
+    assert str(error).removesuffix(" (1 more problem on this host)").endswith(
+        f"got {value!r}; fix it in group_vars or host_vars")
+
+
+def test_safe_path_settings_pass():
+    settings = validate_host_vars("a", {**SITE, "dsctl_service_config_dir": "/srv/dsctl-2.0/services_a+b"})
+    assert settings.dsctl_service_config_dir == "/srv/dsctl-2.0/services_a+b"
+    assert HostSettings.model_fields["dsctl_service_log_dir"].default == "/var/log/dsctl"

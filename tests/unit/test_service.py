@@ -24,8 +24,9 @@ from dsctl.errors import ExitStatus
 
 HOST = "lab-01"
 VENV = "/opt/dsctl/serving-venv"
+# Listens on every address: without a key that takes allow_unauthenticated (see the authentication tests).
 CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
-        "npus_per_instance": 4}
+        "npus_per_instance": 4, "allow_unauthenticated": True}
 SECRET = "sk-very-secret-9f8e7d"
 
 
@@ -125,7 +126,8 @@ def test_defaults():
 
 
 def test_host_defaults_and_engine_defaults():
-    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen/", "npus_per_instance": 2}
+    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen/", "npus_per_instance": 2,
+              "allow_unauthenticated": True}
     (spec,) = validate([mindie], manager_default="supervisor")
     assert spec.manager == "supervisor"
     assert spec.port == 1025
@@ -164,8 +166,8 @@ def test_values_are_normalised():
         ({**CHAT, "npu_per_instance": 4},
          "dsctl_services[0].npu_per_instance: unknown service setting; did you mean npus_per_instance?"),
         ({k: v for k, v in CHAT.items() if k != "model"},
-         "dsctl_services[0].model: required but not set (an absolute path to the weights or a model name such as "
-         "deepseek-ai/DeepSeek-R1); add it to the service"),
+         "dsctl_services[0].model: required but not set (an absolute path to the weights (letters, digits and "
+         "._/+- without '..') or a model name such as deepseek-ai/DeepSeek-R1); add it to the service"),
         (chat(npus_per_instance="four"),
          "dsctl_services[0].npus_per_instance: expected an integer 1..16, got 'four'; fix it in group_vars or "
          "host_vars"),
@@ -386,7 +388,8 @@ def test_eight_npus_two_tp4_instances():
 
 def test_npus_are_handed_out_in_order_across_services():
     specs = validate([chat(npus_per_instance=2, instances=2),
-                      {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4}])
+                      {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4,
+                       "allow_unauthenticated": True}])
     instances = plan_host(specs, 8)
     assert [(i.name, i.visible_devices, i.ports) for i in instances] == [
         ("chat-0", "0,1", (8000,)), ("chat-1", "2,3", (8001,)), ("mi-0", "4,5,6,7", (1025, 1026, 1027))]
@@ -394,7 +397,7 @@ def test_npus_are_handed_out_in_order_across_services():
 
 def test_mindie_instances_take_three_ports_each():
     (spec,) = validate([{"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4,
-                         "instances": 2}])
+                         "instances": 2, "allow_unauthenticated": True}])
     assert [i.ports for i in plan_instances(spec, list(range(8)))] == [(1025, 1026, 1027), (1028, 1029, 1030)]
 
 
@@ -420,7 +423,8 @@ def test_duplicate_ports_across_services():
     assert problem(services) == (
         f"inventory: host {HOST}: dsctl_services[1].port: port 8001 of embed-0 is also used by chat-1; give each "
         "service its own port range (embed needs 1 from its port)")
-    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 2, "port": 7999}
+    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 2, "port": 7999,
+              "allow_unauthenticated": True}
     assert "port 8000 of mi-0 is also used by chat-0" in problem([chat(npus_per_instance=2), mindie])
 
 
@@ -471,9 +475,77 @@ def test_an_api_key_problem_says_the_value_is_not_shown():
 def test_a_spec_built_directly_derives_its_defaults():
     """tune builds candidates without an inventory: the same defaults, the same parameter check."""
     spec = ServiceSpec(name="cand", engine="vllm-ascend", model="/models/m/", npus_per_instance=2,
-                       params={"gpu_memory_utilization": 1})
+                       allow_unauthenticated=True, params={"gpu_memory_utilization": 1})
     assert (spec.port, spec.tensor_parallel_size, spec.served_model_name, spec.venv) == (8000, 2, "m", DEFAULT_VENV)
     assert spec.params == {"gpu_memory_utilization": 1.0}
     with pytest.raises(ServiceError, match=r"^params\.max_num_seqz: unknown vllm-ascend parameter; did you mean"):
         ServiceSpec(name="cand", engine="vllm-ascend", model="/models/m", npus_per_instance=2,
-                    params={"max_num_seqz": 1})
+                    allow_unauthenticated=True, params={"max_num_seqz": 1})
+
+
+# --------------------------------------------------------------------------- authentication, groups, paths
+
+OPEN = {k: v for k, v in CHAT.items() if k != "allow_unauthenticated"}
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.5", "fe80::1"])
+def test_an_api_key_is_required_beyond_loopback(bind):
+    assert problem([{**OPEN, "bind": bind}]) == (
+        f"inventory: host {HOST}: dsctl_services[0].api_key: the service listens on {bind}"
+        f"{' (every address)' if bind in ('0.0.0.0', '::') else ''}, beyond this host, without an api_key; set "
+        "api_key (from ansible-vault: api_key: \"{{ vault_chat_api_key }}\"), bind 127.0.0.1, or set "
+        "allow_unauthenticated: true to serve anyone who can reach the port")
+
+
+def test_the_default_bind_needs_a_key_too():
+    assert "dsctl_services[0].api_key: the service listens on 0.0.0.0 (every address)" in problem([OPEN])
+
+
+@pytest.mark.parametrize("service", [
+    {**OPEN, "bind": "127.0.0.1"}, {**OPEN, "bind": "127.8.9.10"}, {**OPEN, "bind": "::1"},
+    {**OPEN, "api_key": SECRET}, {**OPEN, "allow_unauthenticated": True},
+])
+def test_loopback_a_key_or_an_explicit_opt_out_pass(service):
+    (spec,) = validate([service])
+    assert spec.allow_unauthenticated is bool(service.get("allow_unauthenticated"))
+
+
+def test_the_opt_out_must_be_a_real_boolean():
+    assert problem([{**OPEN, "allow_unauthenticated": "yes"}]) == (
+        f"inventory: host {HOST}: dsctl_services[0].allow_unauthenticated: expected true or false (unquoted), "
+        "got 'yes'; fix it in group_vars or host_vars")
+
+
+def test_mindie_beyond_loopback_needs_the_opt_out():
+    mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 4}
+    assert problem([mindie]) == (
+        f"inventory: host {HOST}: dsctl_services[0].bind: MindIE has no API key and the service listens on 0.0.0.0 "
+        "(every address), beyond this host; bind 127.0.0.1 behind an authenticating proxy, or set "
+        "allow_unauthenticated: true")
+    assert validate([{**mindie, "bind": "127.0.0.1"}])[0].bind == "127.0.0.1"
+
+
+def test_tunes_candidates_keep_the_opt_out():
+    (spec,) = validate([chat(params={"max_num_seqs": 64})])
+    assert spec.with_params({"max_num_seqs": 32}).allow_unauthenticated is True
+
+
+@pytest.mark.parametrize("group", ["root", "wheel", "sudo", "docker", "disk", "adm", "shadow"])
+def test_privileged_groups_are_refused_for_the_service_user(group):
+    assert problem([chat(group=group)]) == (
+        f"inventory: host {HOST}: dsctl_services[0].group: expected a group name other than root, wheel, sudo, "
+        f"docker, disk, adm, shadow, got {group!r}; fix it in group_vars or host_vars")
+
+
+@pytest.mark.parametrize("path", ["/opt/venv$(touch${IFS}/owned)", "/opt/`id`", "/opt/a b", "/opt/x;y",
+                                  "/opt/../etc", "/opt/100%", "opt/venv", "/opt/'q'"])
+def test_path_fields_take_a_safe_character_set_only(path):
+    for field, value in (("venv", path), ("model", path.rstrip("/") + "/weights")):
+        message = problem([chat(**{field: value})])
+        assert message.startswith(f"inventory: host {HOST}: dsctl_services[0].{field}: expected an absolute path")
+        assert "letters, digits and" in message
+
+
+def test_safe_paths_pass():
+    (spec,) = validate([chat(venv="/opt/dsctl/serving-venv_2.1+cpu", model="/models/Qwen2.5-7B.Instruct/")])
+    assert spec.venv == "/opt/dsctl/serving-venv_2.1+cpu"

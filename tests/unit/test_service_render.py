@@ -5,6 +5,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -30,10 +31,12 @@ CONFIG_DIR = "/etc/dsctl/services"
 LOG_DIR = "/var/log/dsctl"
 VENV = "/opt/dsctl/serving-venv"
 SECRET = "sk-render-secret-42"
+# Both listen on every address: without a key that takes allow_unauthenticated (test_service.py has the rule).
 CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
-        "npus_per_instance": 4, "instances": 2}
+        "npus_per_instance": 4, "instances": 2, "allow_unauthenticated": True}
 MINDIE = {"name": "mi", "engine": "mindie", "model": "/models/Qwen2.5-7B-Instruct/", "npus_per_instance": 4,
-          "instances": 2, "params": {"maxBatchSize": 256, "maxPrefillBatchSize": 64, "supportSelectBatch": True}}
+          "instances": 2, "allow_unauthenticated": True,
+          "params": {"maxBatchSize": 256, "maxPrefillBatchSize": 64, "supportSelectBatch": True}}
 DRIVER_MOUNTS = [  # ascend-interfaces.md section 10 (vllm-ascend docs/source/installation.md)
     "/usr/local/dcmi:/usr/local/dcmi",
     "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
@@ -356,6 +359,7 @@ def test_unit_dir_override():
 def test_lab_engine_command():
     files = rendered({"name": "lab", "engine": "lab-engine", "model": "deepseek-r1-distill-qwen-7b",
                       "npus_per_instance": 1, "instances": 2, "manager": "supervisor", "time_scale": 0.01,
+                      "allow_unauthenticated": True,
                       "params": {"max_num_seqs": 32, "stream_num": 4, "kv_sparse_threshold": 0.2, "seed": 7}},
                      vllm_ascend=None)
     assert exec_argv(files["lab-1"]["launch"].content) == [
@@ -436,3 +440,194 @@ def test_rendered_files_are_plain_text_with_a_final_newline():
         for item in files.values():
             assert item.content.endswith("\n") and not item.content.endswith("\n\n\n"), item.path
             assert stat.S_IMODE(item.mode) == item.mode
+
+
+# --------------------------------------------------------------------------- hostile values
+# A path setting is refused by the schema unless it is of a safe character set (test_service.py,
+# test_inventory_schema.py); the renderer quotes every value anyway.  Each value below would run
+# `touch <mark>` if a rendered file let a shell see it.
+
+INJECTIONS = {
+    "command substitution": "$(touch${{IFS}}{mark})",
+    "backquotes": "`touch${{IFS}}{mark}`",
+    "single quote": "';touch${{IFS}}{mark};'",
+    "double quote": '";touch${{IFS}}{mark};"',
+    "variable": "${{IFS}}$HOME$(touch${{IFS}}{mark})",
+}
+SUPERVISOR_PYTHON = "/usr/bin/python3"  # supervisord's own interpreter (Debian's supervisor package)
+
+
+def hostile(tmp_path: Path, kind: str, name: str) -> str:
+    """An absolute directory under tmp_path whose name carries the injection ``kind``."""
+    return f"{tmp_path}/{name}-" + INJECTIONS[kind].format(mark=f"{tmp_path}/owned-{name}")
+
+
+def install(files: list[RenderedFile]) -> None:
+    for item in files:
+        Path(item.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(item.path).write_text(item.content)
+        os.chmod(item.path, item.mode)
+
+
+def recorder(directory: Path, name: str) -> Path:
+    """A program ``name`` that appends its arguments, one per line, to $OUT."""
+    directory.mkdir(parents=True, exist_ok=True)
+    program = directory / name
+    program.write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\nprintf -- "--\\n" >> "$OUT"\n')
+    program.chmod(0o755)
+    return program
+
+
+def owned(tmp_path: Path) -> list[Path]:
+    """The marks an injection would have touched (tmp_path/owned-<name>; the hostile directories themselves
+    only hold the text "owned-..." deeper down)."""
+    return sorted(tmp_path.glob("owned-*"))
+
+
+@pytest.mark.parametrize("kind", sorted(INJECTIONS))
+def test_container_run_script_takes_hostile_paths_literally(tmp_path, kind):
+    (spec,) = specs({**CHAT, "instances": 1, "manager": "container", "image": "quay.io/ascend/vllm-ascend:v0.13.0"})
+    config_dir, log_dir = hostile(tmp_path, kind, "config"), hostile(tmp_path, kind, "log")
+    files = render_instance(spec, plan_host([spec], 8)[0], env=HOST_ENV, config_dir=config_dir, log_dir=log_dir)
+    install(files)
+    script = next(f.path for f in files if f.role == "unit")
+    assert subprocess.run(["bash", "-n", script], capture_output=True, timeout=30).returncode == 0
+    recorder(tmp_path / "bin", "docker")
+    out = tmp_path / "docker-argv"
+    result = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30,
+                            env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(out)})
+    assert result.returncode == 0, result.stderr
+    assert owned(tmp_path) == []
+    remove, run = out.read_text().split("--\n")[:2]
+    assert remove.splitlines() == ["rm", "--force", "dsctl-chat-0"]
+    argv = run.splitlines()
+    instance_dir = f"{config_dir}/chat-0"
+    assert f"{instance_dir}:{instance_dir}:ro" in argv
+    assert argv[argv.index("--env-file") + 1] == f"{instance_dir}/service.env"
+    assert argv[-2:] == ["quay.io/ascend/vllm-ascend:v0.13.0", f"{instance_dir}/launch.sh"]
+
+
+@pytest.mark.parametrize("kind", sorted(INJECTIONS))
+def test_launch_script_takes_hostile_paths_literally(tmp_path, kind):
+    venv = tmp_path / "venv"
+    recorder(venv / "bin", "vllm")
+    (spec,) = validate_services("lab-01", [{**CHAT, "instances": 1}], npu_count=8, vllm_ascend="v0.13.0",
+                                serving_venv=str(venv))
+    config_dir, install_path = hostile(tmp_path, kind, "config"), hostile(tmp_path, kind, "Ascend")
+    files = render_instance(spec, plan_host([spec], 8)[0], env=HOST_ENV, config_dir=config_dir,
+                            log_dir=hostile(tmp_path, kind, "log"), install_path=install_path)
+    install(files)
+    Path(install_path, "nnal", "atb").mkdir(parents=True)  # a set_env.sh that exists is sourced
+    Path(install_path, "nnal", "atb", "set_env.sh").write_text("export FROM_SET_ENV=1\n")
+    launch = f"{config_dir}/chat-0/launch.sh"
+    assert subprocess.run(["bash", "-n", launch], capture_output=True, timeout=30).returncode == 0
+    out = tmp_path / "vllm-argv"
+    result = subprocess.run(["bash", launch], capture_output=True, text=True, timeout=30,
+                            env={"PATH": "/usr/bin:/bin", "OUT": str(out)})
+    assert result.returncode == 0, result.stderr
+    assert owned(tmp_path) == []
+    assert out.read_text().splitlines()[:2] == ["serve", "/models/DeepSeek-R1-Distill-Qwen-7B"]
+
+
+def systemd_words(line: str) -> list[str]:
+    """An ExecStart= value split as systemd.service(5) "Command lines" documents: words at blanks, "..." with
+    C escapes, then "%%" -> "%" (specifiers, systemd.unit(5)) and "$$" -> "$" (variable substitution)."""
+    words, word, quoted, index, started = [], "", False, 0, False
+    while index < len(line):
+        char = line[index]
+        if quoted and char == "\\":
+            word, index = word + line[index + 1], index + 2
+            continue
+        if char == '"':
+            quoted, started, index = not quoted, True, index + 1
+            continue
+        if char.isspace() and not quoted:
+            if started:
+                words.append(word)
+            word, started, index = "", False, index + 1
+            continue
+        word, started, index = word + char, True, index + 1
+    if started:
+        words.append(word)
+    # What systemd would substitute shows up as <...>: a test comparing with the literal path then fails.
+    return [re.sub(r"%%|%\w|\$\$|\$\{\w+\}|\$\w+",
+                   lambda m: {"%%": "%", "$$": "$"}.get(m.group(), f"<{m.group()}>"), word) for word in words]
+
+
+@pytest.mark.parametrize("kind", sorted(INJECTIONS))
+def test_systemd_unit_takes_hostile_paths_literally(tmp_path, kind):
+    (spec,) = specs({**CHAT, "instances": 1})
+    config_dir, log_dir = hostile(tmp_path, kind, "config"), hostile(tmp_path, kind, "log")
+    (unit,) = [f for f in render_instance(spec, plan_host([spec], 8)[0], env=HOST_ENV, config_dir=config_dir,
+                                          log_dir=log_dir, unit_dir=str(tmp_path / "units")) if f.role == "unit"]
+    service = ini(unit.content)["Service"]
+    assert systemd_words(service["ExecStart"]) == ["/bin/bash", f"{config_dir}/chat-0/launch.sh"]
+    assert service["WorkingDirectory"] == f"{config_dir}/chat-0"  # no "%" here: nothing for systemd to expand
+    assert service["StandardOutput"] == f"append:{log_dir}/chat-0.log"
+    if shutil.which("systemd-analyze") is not None:
+        path = tmp_path / "dsctl-chat-0.service"
+        path.write_text(unit.content)
+        result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(path)], capture_output=True,
+                                text=True, timeout=120)
+        assert [line for line in (result.stdout + result.stderr).splitlines() if path.name in line] == []
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("/srv/plain/launch.sh", "/srv/plain/launch.sh"),
+    ("/srv/100%/$HOME/a b/launch.sh", '"/srv/100%%/$$HOME/a b/launch.sh"'),
+    ('/srv/"q"/\\x', '"/srv/\\"q\\"/\\\\x"'),
+])
+def test_systemd_escaping_follows_systemds_rules(value, expected):
+    from dsctl.core.serving.service_render import systemd_arg, systemd_value
+
+    assert systemd_arg(value) == expected
+    assert systemd_words(f"/bin/bash {systemd_arg(value)}") == ["/bin/bash", value]
+    assert systemd_value("/srv/100%/logs") == "/srv/100%%/logs"
+
+
+def test_no_value_may_span_lines():
+    from dsctl.core.serving.service import ServiceError
+    from dsctl.core.serving.service_render import comment_text, shell_quote, supervisor_value, systemd_value
+
+    for escape in (shell_quote, comment_text, systemd_value, supervisor_value):
+        with pytest.raises(ServiceError, match="spans lines"):
+            escape("/srv/a\ntouch /owned")
+    with pytest.raises(ServiceError, match="inline comment"):
+        supervisor_value("/srv/a ;b")
+
+
+@pytest.mark.skipif(subprocess.run([SUPERVISOR_PYTHON, "-c", "import supervisor"], capture_output=True).returncode,
+                    reason="supervisor is not installed")
+@pytest.mark.parametrize("kind", sorted(INJECTIONS))
+def test_supervisor_program_takes_hostile_paths_literally(tmp_path, kind):
+    """supervisord's own parser (ServerOptions, the %-expansion and the shlex split of command=) reads the
+    rendered program; it needs an existing user and log directory, so user nobody and the log dir exist."""
+    (spec,) = specs({**CHAT, "instances": 1, "manager": "supervisor", "user": "nobody"})
+    config_dir, log_dir = hostile(tmp_path, kind, "config"), hostile(tmp_path, kind, "log")
+    (unit,) = [f for f in render_instance(spec, plan_host([spec], 8)[0], env=HOST_ENV, config_dir=config_dir,
+                                          log_dir=log_dir, unit_dir=str(tmp_path / "conf.d")) if f.role == "unit"]
+    install([unit])
+    Path(log_dir).mkdir(parents=True)
+    main = tmp_path / "supervisord.conf"
+    main.write_text(f"[supervisord]\nlogfile={tmp_path}/supervisord.log\npidfile={tmp_path}/supervisord.pid\n"
+                    f"[include]\nfiles={unit.path}\n")
+    reader = ("import json, shlex, sys\nfrom supervisor.options import ServerOptions\n"
+              "options = ServerOptions()\noptions.configfile = sys.argv[1]\noptions.process_config(do_usage=False)\n"
+              "(group,) = options.process_group_configs\n(program,) = group.process_configs\n"
+              "print(json.dumps({'name': program.name, 'argv': shlex.split(program.command),\n"
+              "                  'directory': program.directory, 'log': program.stdout_logfile}))\n")
+    result = subprocess.run([SUPERVISOR_PYTHON, "-c", reader, str(main)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"name": "dsctl-chat-0",
+                                         "argv": ["/bin/bash", f"{config_dir}/chat-0/launch.sh"],
+                                         "directory": f"{config_dir}/chat-0", "log": f"{log_dir}/chat-0.log"}
+    assert owned(tmp_path) == []
+
+
+def test_a_crash_loop_cannot_exhaust_the_start_limit():
+    """A limit (StartLimitBurst=3 an hour) would be spent by a crash-looping candidate during the health wait and
+    systemd would then refuse the rollback's restart: the unit has none (StartLimitIntervalSec=0)."""
+    parsed = ini(rendered(CHAT)["chat-0"]["unit"].content)
+    assert parsed["Unit"]["StartLimitIntervalSec"] == "0"
+    assert "StartLimitBurst" not in parsed["Unit"] and "StartLimitBurst" not in parsed["Service"]
+    assert (parsed["Service"]["Restart"], parsed["Service"]["RestartSec"]) == ("on-failure", "30")

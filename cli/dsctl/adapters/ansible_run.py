@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dsctl.adapters.inventory import VaultOptions
 from dsctl.assets import ansible_cfg, asset_root
 from dsctl.errors import DsctlError, EnvironmentUnsupported, ExitStatus, UsageError
 
@@ -296,8 +297,10 @@ def build_env(artifacts: Path, control_dir: Path, base: dict[str, str] | None = 
 
 def build_command(playbook_path: Path, inventory: Path, *, limit: str | None = None, check: bool = False,
                   diff: bool = False, tags: str | None = None, forks: int | None = None,
-                  extra_vars_file: Path | None = None) -> list[str]:
+                  extra_vars_file: Path | None = None, vault_password_files: Iterable[Path] = ()) -> list[str]:
     argv = [str(ansible_playbook_bin()), "-i", str(inventory)]
+    for password_file in vault_password_files:
+        argv += ["--vault-password-file", str(password_file)]
     if limit:
         argv += ["--limit", limit]
     if check:
@@ -355,6 +358,19 @@ class _EventTail:
             if isinstance(event, dict):
                 events.append(event)
         return events
+
+
+def write_vault_password(artifacts: Path, vault: VaultOptions | None) -> Path | None:
+    """With ``--ask-vault-pass``: the password the prompt got, in a 0600 file of the run (removed after it);
+    ansible-playbook runs without a terminal, so it cannot prompt itself."""
+    password = vault.prompted_password() if vault is not None else None
+    if password is None:
+        return None
+    path = artifacts / "vault-password"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        stream.write(password)
+    return path
 
 
 def _stop(proc: subprocess.Popen, grace: float = INTERRUPT_GRACE_SECONDS) -> None:
@@ -419,12 +435,15 @@ def run_playbook(
     on_event: EventHandler | None = None,
     artifacts_dir: Path | None = None,
     timeout: float | None = None,
+    vault: VaultOptions | None = None,
 ) -> PlaybookRun:
     """Run ``playbooks/<playbook>`` against ``inventory``; return per-host outcomes.
 
     Raises PlaybookError when ansible-playbook fails before any play starts (syntax, options, no hosts to
     target; its message is the first ERROR line of the log) or when ``timeout`` seconds pass.
     KeyboardInterrupt stops ansible-playbook (SIGINT, then TERM/KILL) and is re-raised.
+    ``vault``: the vault password file or the password asked for (without either, ansible-playbook still
+    honours ANSIBLE_VAULT_PASSWORD_FILE).
     """
     playbook_path = resolve_playbook(playbook)
     inventory = Path(inventory).expanduser().absolute()
@@ -444,8 +463,11 @@ def run_playbook(
     os.close(os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     control_dir, control_is_temp = control_path_dir(artifacts)
     extra_vars_file = write_extra_vars(artifacts, extra_vars) if extra_vars else None
+    prompted_file = write_vault_password(artifacts, vault)
+    password_files = [p for p in (vault.password_file if vault else None, prompted_file) if p is not None]
     argv = build_command(playbook_path, inventory, limit=limit, check=check, diff=diff, tags=tags, forks=forks,
-                         extra_vars_file=extra_vars_file)
+                         extra_vars_file=extra_vars_file,
+                         vault_password_files=[Path(p).expanduser().absolute() for p in password_files])
     env = build_env(artifacts, control_dir)
 
     collector = EventCollector()
@@ -480,6 +502,8 @@ def run_playbook(
     finally:
         if control_is_temp:
             shutil.rmtree(control_dir, ignore_errors=True)
+        if prompted_file is not None:
+            prompted_file.unlink(missing_ok=True)
 
     rc = proc.returncode
     log_text, log_tail = _tail_lines(artifacts / "ansible.log")

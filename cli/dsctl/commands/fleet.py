@@ -202,9 +202,12 @@ def deploy(
     render: Annotated[bool, typer.Option("--render", help="Print the files deploy would write; touch no host.")]
     = False,
     as_json: JsonOption = False,
+    vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file",
+                                                             help="File with the ansible-vault password.")] = None,
 ) -> None:
     """Render and (re)start the inference instances of dsctl_services, health-gated, rolling back on failure."""
-    hostvars = inventory_adapter.host_vars(inventory)  # read once: settings here, endpoints below
+    vault = inventory_adapter.VaultOptions(password_file=vault_password_file)
+    hostvars = inventory_adapter.host_vars(inventory, vault=vault)  # read once: settings here, endpoints below
     settings = _validate_inventory(inventory, hostvars)
     if render:
         hosts = set(limit.split(",")) if limit else None
@@ -220,7 +223,7 @@ def deploy(
     extra = {"dsctl_deploy_serial": serial} if serial else None
     with PlaybookProgress() as progress:
         run = run_playbook("deploy.yml", inventory, limit=limit, check=check, diff=diff, on_event=progress,
-                           extra_vars=extra)
+                           extra_vars=extra, vault=vault)
     from dsctl.core.serving import service
 
     addresses = {host: str(values.get("ansible_host", host)) for host, values in hostvars.items()}

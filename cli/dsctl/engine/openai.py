@@ -21,6 +21,7 @@ echo, stop strings, tools; generation always runs to ``max_tokens``
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 import time
@@ -56,7 +57,7 @@ UNAUTHORIZED = {"error": "Unauthorized"}
 def authorized(headers: dict[str, str], api_key: str | None) -> bool:
     if not api_key:
         return True
-    return headers.get("authorization", "") == f"Bearer {api_key}"
+    return hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {api_key}".encode())  # constant time
 
 
 @dataclass

@@ -34,6 +34,9 @@ def demo_service(npus: int) -> dict[str, Any]:
         "instances": npus // per_instance,
         "port": 8000,
         "params": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
+        # The lab's bridge is reachable from this machine only; a site sets api_key instead (see
+        # inventories/sample), and dsctl refuses a service on 0.0.0.0 with neither.
+        "allow_unauthenticated": True,
     }
 
 

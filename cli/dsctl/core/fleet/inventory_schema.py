@@ -25,7 +25,7 @@ from dsctl.core.fleet.matrix import resolve_stack
 from dsctl.core.fleet.stack import DesiredStack
 
 # Text (strict str) and AccountName are shared with the service schema.
-from dsctl.core.serving.service import AccountName, ServiceSpec, Text, validate_services
+from dsctl.core.serving.service import SAFE_PATH_WORDS, AccountName, ServiceSpec, Text, safe_path, validate_services
 from dsctl.errors import DsctlError, ExitStatus
 
 SETTINGS_PREFIX = "dsctl_"
@@ -40,10 +40,6 @@ class InventoryError(DsctlError):
 # --------------------------------------------------------------------------- value types
 
 
-def _absolute_path(value: str) -> str:
-    if not value.startswith("/") or any(c in value for c in "\n\r\0"):
-        raise ValueError("not an absolute path")
-    return value
 
 
 def _http_url(value: str) -> str:
@@ -54,7 +50,7 @@ def _http_url(value: str) -> str:
 
 
 def _path_or_url(value: str) -> str:
-    return _absolute_path(value) if value.startswith("/") else _http_url(value)
+    return safe_path(value) if value.startswith("/") else _http_url(value)
 
 
 def _one_line(value: str) -> str:
@@ -65,7 +61,8 @@ def _one_line(value: str) -> str:
 
 # strict=True: YAML turns 24.1 into a float and "yes" stays a string; neither may slip through as a version
 # or a boolean (the roles would compare a float, or treat the string "false" as true).
-AbsolutePath = Annotated[Text, AfterValidator(_absolute_path)]
+# Every path setting: absolute, of a character set no shell, unit file or supervisor program gives a meaning to.
+SafePath = Annotated[Text, AfterValidator(safe_path)]
 PathOrUrl = Annotated[Text, AfterValidator(_path_or_url)]
 HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 OneLine = Annotated[Text, AfterValidator(_one_line)]
@@ -73,6 +70,7 @@ Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line)]
 Flag = Annotated[bool, Field(strict=True)]
 
 _VERSION = "a quoted version string"
+_PATH_OR_URL = f"{SAFE_PATH_WORDS} or an http(s):// URL"
 _FLAG = "true or false (unquoted)"
 
 
@@ -82,7 +80,7 @@ class HostSettings(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     dsctl_npu_count: Annotated[int, Field(strict=True, ge=1, le=16, description="an integer 1..16")]
-    dsctl_package_source: Annotated[PathOrUrl, Field(description="an absolute path or an http(s):// URL")]
+    dsctl_package_source: Annotated[PathOrUrl, Field(description=_PATH_OR_URL)]
     dsctl_reboot_command: Annotated[OneLine, Field(description="a one-line command")] = "shutdown -r now"
     dsctl_allow_reboot: Annotated[Flag, Field(description=_FLAG)] = True
     # A server with eight 910B chips can take ten minutes to come back (BIOS, BMC, NPU init).
@@ -93,7 +91,7 @@ class HostSettings(BaseModel):
     dsctl_firmware_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_cann_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_vllm_ascend_version: Annotated[Version | None, Field(description=f"{_VERSION} or none")] = None
-    dsctl_install_path: Annotated[AbsolutePath, Field(description="an absolute path")] = "/usr/local/Ascend"
+    dsctl_install_path: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/usr/local/Ascend"
     dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
     dsctl_run_group: Annotated[AccountName, Field(description="a group name")] = "HwHiAiUser"
     dsctl_force_unhealthy: Annotated[Flag, Field(description=_FLAG)] = False
@@ -101,12 +99,12 @@ class HostSettings(BaseModel):
     dsctl_ascend_env: Annotated[
         dict[str, Any], Field(strict=True, description="a mapping of VARIABLE: value")
     ] = Field(default_factory=dict)
-    dsctl_serving_venv: Annotated[AbsolutePath, Field(description="an absolute path")] = "/opt/dsctl/serving-venv"
+    dsctl_serving_venv: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/opt/dsctl/serving-venv"
     # Defaults to <dsctl_package_source>/wheels (see _default_wheelhouse).
-    dsctl_wheelhouse: Annotated[PathOrUrl | None, Field(description="an absolute path or an http(s):// URL")] = None
+    dsctl_wheelhouse: Annotated[PathOrUrl | None, Field(description=_PATH_OR_URL)] = None
     dsctl_pip_index_url: Annotated[HttpUrl | None, Field(description="an http(s):// URL")] = None
-    dsctl_staging_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/var/cache/dsctl/packages"
-    dsctl_env_file: Annotated[AbsolutePath, Field(description="an absolute path")] = "/etc/profile.d/dsctl-ascend.sh"
+    dsctl_staging_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/var/cache/dsctl/packages"
+    dsctl_env_file: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/etc/profile.d/dsctl-ascend.sh"
     # Inference services (dsctl deploy); each entry is checked by dsctl.core.serving.service in validate_fleet.
     dsctl_services: Annotated[
         list[Any], Field(strict=True, description="a list of services (see inventories/sample)")
@@ -114,8 +112,8 @@ class HostSettings(BaseModel):
     dsctl_service_manager: Annotated[
         Literal["systemd", "supervisor", "container"], Field(description="systemd, supervisor or container")
     ] = "systemd"
-    dsctl_service_config_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/etc/dsctl/services"
-    dsctl_service_log_dir: Annotated[AbsolutePath, Field(description="an absolute path")] = "/var/log/dsctl"
+    dsctl_service_config_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/etc/dsctl/services"
+    dsctl_service_log_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/var/log/dsctl"
 
     # Not an inventory variable: validate_fleet attaches the resolved stack here.  validate_host_vars only
     # passes dsctl_* keys in, so an inventory cannot set it.

@@ -84,6 +84,13 @@ _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Printable ASCII without blanks, quotes or backslashes: the env file holds it unquoted (systemd, docker --env-file).
 _API_KEY_RE = re.compile(r"^[!#-&(-\[\]-~]{8,512}$")
+# Paths reach shell scripts, unit files and supervisor programs run as root: however carefully those quote,
+# a path setting only holds characters no syntax gives a meaning to.
+_SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+SAFE_PATH_WORDS = "an absolute path of letters, digits and . _ / + - without '..'"
+# Membership in these groups is root in all but name (docker, disk: raw devices; adm, shadow: logs and
+# password hashes; wheel, sudo: administration): never the group of a network service.
+PRIVILEGED_GROUPS = ("root", "wheel", "sudo", "docker", "disk", "adm", "shadow")
 _UNKNOWN = object()  # no host context: version gates cannot be applied
 
 
@@ -316,11 +323,18 @@ def _slug(value: str) -> str:
     return value
 
 
+def safe_path(value: str) -> str:
+    """``value`` if it is an absolute path of the safe character set without a ``..`` part, else ValueError."""
+    if not _SAFE_PATH_RE.match(value) or ".." in value.split("/"):
+        raise ValueError("not a safe absolute path")
+    return value
+
+
 def _model_ref(value: str) -> str:
     if value.startswith("/"):
-        if any(c.isspace() or c == "\0" for c in value) or value.rstrip("/") == "":
+        if value.rstrip("/") == "":
             raise ValueError("not a model path")
-        return value
+        return safe_path(value)
     if not _MODEL_NAME_RE.match(value):
         raise ValueError("not a model name")
     return value
@@ -346,10 +360,10 @@ def _account(value: str) -> str:
     return value
 
 
-def _absolute(value: str) -> str:
-    if not value.startswith("/") or any(c.isspace() or c == "\0" for c in value):
-        raise ValueError("not an absolute path")
-    return value
+def _group(value: str) -> str:
+    if value in PRIVILEGED_GROUPS:
+        raise ValueError("a privileged group")
+    return _account(value)
 
 
 def _image(value: str) -> str:
@@ -364,7 +378,8 @@ ModelRef = Annotated[Text, AfterValidator(_model_ref)]
 ServedName = Annotated[Text, AfterValidator(_served)]
 BindAddress = Annotated[Text, AfterValidator(_bind)]
 AccountName = Annotated[Text, AfterValidator(_account)]
-AbsolutePath = Annotated[Text, AfterValidator(_absolute)]
+SafePath = Annotated[Text, AfterValidator(safe_path)]
+ServiceGroup = Annotated[Text, AfterValidator(_group)]
 ImageRef = Annotated[Text, AfterValidator(_image)]
 Count = Annotated[int, Field(strict=True, ge=1, le=16)]
 
@@ -382,7 +397,8 @@ class ServiceSpec(BaseModel):
                       Field(description="one of vllm-ascend, mindie, lab-engine")]
     manager: Annotated[Literal["systemd", "supervisor", "container"],
                        Field(description="one of systemd, supervisor, container")] = DEFAULT_MANAGER
-    model: Annotated[ModelRef, Field(description="an absolute path to the weights or a model name such as "
+    model: Annotated[ModelRef, Field(description="an absolute path to the weights (letters, digits and "
+                                                 "._/+- without '..') or a model name such as "
                                                  "deepseek-ai/DeepSeek-R1")]
     served_model_name: Annotated[ServedName | None, Field(description="a name of letters, digits and ._/:- "
                                                                       "(default: the model's last path part)")] = None
@@ -393,16 +409,19 @@ class ServiceSpec(BaseModel):
     port: Annotated[int | None, Field(strict=True, ge=1, le=65535, description="a port 1..65535")] = None
     bind: Annotated[BindAddress, Field(description="an IP address such as 0.0.0.0 or 127.0.0.1")] = "0.0.0.0"
     api_key: Annotated[SecretStr | None, Field(description=_API_KEY_WORDS)] = None
+    # Serving without a key beyond loopback is a decision the inventory states, never a default.
+    allow_unauthenticated: Annotated[bool, Field(strict=True, description="true or false (unquoted)")] = False
     params: Annotated[dict[str, Any], Field(description="a mapping of engine parameter: value")] = \
         Field(default_factory=dict)
     env: Annotated[dict[str, Any], Field(description="a mapping of VARIABLE: value")] = Field(default_factory=dict)
     user: Annotated[AccountName, Field(description="a user name (not root)")] = "dsctl-serve"
-    group: Annotated[AccountName, Field(description="a group name")] = "HwHiAiUser"
+    group: Annotated[ServiceGroup, Field(description="a group name other than "
+                                                     + ", ".join(PRIVILEGED_GROUPS))] = "HwHiAiUser"
     health_timeout_s: Annotated[int, Field(strict=True, ge=1, le=86400,
                                            description="a number of seconds 1..86400")] = 900
     image: Annotated[ImageRef | None, Field(description="a container image reference")] = None
     container_runtime: Annotated[Literal["docker", "podman"], Field(description="docker or podman")] = "docker"
-    venv: Annotated[AbsolutePath | None, Field(description="an absolute path")] = None
+    venv: Annotated[SafePath | None, Field(description=SAFE_PATH_WORDS)] = None
     time_scale: Annotated[float | None, Field(strict=True, gt=0, description="a number > 0")] = None
 
     # The host context the entry was checked in (vllm-ascend release), kept so with_params can re-check.
@@ -491,9 +510,22 @@ class ServiceSpec(BaseModel):
             if not self.model.startswith("/"):
                 raise _Problem("model", "MindIE loads weights from a directory: give its absolute path "
                                         "(modelWeightPath)")
+        self._check_authentication()
         if self.user == "root" and not container:
             raise _Problem("user", "root is refused: NPU services run as an unprivileged user in the HwHiAiUser "
                                    "group (default dsctl-serve)")
+
+    def _check_authentication(self) -> None:
+        loopback = ipaddress.ip_address(self.bind).is_loopback  # 127.0.0.0/8, ::1
+        if self.api_key is not None or loopback or self.allow_unauthenticated:
+            return
+        where = f"listens on {self.bind}{' (every address)' if self.bind in ('0.0.0.0', '::') else ''}"
+        if self.engine == "mindie":
+            raise _Problem("bind", f"MindIE has no API key and the service {where}, beyond this host; bind "
+                                   "127.0.0.1 behind an authenticating proxy, or set allow_unauthenticated: true")
+        raise _Problem("api_key", f"the service {where}, beyond this host, without an api_key; set api_key (from "
+                              "ansible-vault: api_key: \"{{ vault_chat_api_key }}\"), bind 127.0.0.1, or set "
+                              "allow_unauthenticated: true to serve anyone who can reach the port")
 
     # ------------------------------------------------------------------ use
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,9 +74,79 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _one_line(value: Any, where: str) -> str:
+    text = str(value)
+    if any(c in text for c in "\n\r\0"):
+        # A line break would end the directive (or the comment) and start a new one: never rendered.
+        raise ServiceError(f"{where}: {text.splitlines()[0][:40]!r}... spans lines; values must be one line")
+    return text
+
+
+def shell_quote(value: Any) -> str:
+    """One word for bash, whatever it holds (`shlex.quote`): ``$(...)``, backquotes, blanks and quotes stay
+    text.  A line break is refused: inside quotes it would be kept, but never wanted in a path or name."""
+    return shlex.quote(_one_line(value, "shell value"))
+
+
+def comment_text(value: Any) -> str:
+    """A value inside a ``#`` or ``;`` comment line: one line, so it cannot end the comment."""
+    return _one_line(value, "comment")
+
+
+# systemd.service(5) "Command lines": ExecStart= is split into words at blanks, words may be quoted with "..."
+# (C-style escapes inside), "%" starts a specifier (systemd.unit(5), "%%" is a literal %) and "$VAR"/"${VAR}"
+# are substituted from the unit's environment ("$$" is a literal $).  Both happen inside quotes as well.
+_SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+
+
+def _systemd_specifiers(text: str) -> str:
+    return text.replace("%", "%%")
+
+
+def systemd_arg(value: Any) -> str:
+    """One argument of an ExecStart= command line, taken literally by systemd."""
+    text = _one_line(value, "systemd ExecStart argument")
+    if _SYSTEMD_SAFE.match(text):
+        return _systemd_specifiers(text)
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
+    return '"' + _systemd_specifiers(escaped) + '"'
+
+
+def systemd_value(value: Any) -> str:
+    """The value of a unit setting that takes the rest of the line (WorkingDirectory=, EnvironmentFile=,
+    User=, StandardOutput=append:..., Description=): specifiers escaped; one line, no leading or trailing
+    blank (systemd strips them) and no trailing backslash (a line continuation, systemd.syntax(7))."""
+    text = _one_line(value, "systemd setting")
+    if text != text.strip() or text.endswith("\\"):
+        raise ServiceError(f"systemd setting: {text!r} has surrounding blanks or ends in a backslash")
+    return _systemd_specifiers(text)
+
+
+# supervisord reads [program:x] with Python's RawConfigParser (";" or "#" after a blank starts an inline
+# comment), expands "%(name)s" in every value ("%%" is a literal %) and splits command= with shlex.split
+# (supervisor 4.2: options.py UnhosedConfigParser, ServerOptions.processes_from_section; process.py).
+_SUPERVISOR_COMMENT = re.compile(r"\s[;#]")
+
+
+def supervisor_value(value: Any) -> str:
+    """A supervisor setting's value (directory=, user=, stdout_logfile=): % escaped, no inline comment."""
+    text = _one_line(value, "supervisor setting")
+    if _SUPERVISOR_COMMENT.search(text) or text != text.strip():
+        raise ServiceError(f"supervisor setting: {text!r} has a blank before ';' or '#' (an inline comment to "
+                           "supervisord) or surrounding blanks")
+    return text.replace("%", "%%")
+
+
+def supervisor_arg(value: Any) -> str:
+    """One word of a supervisor command= line: shell-quoted for its shlex.split, then % escaped."""
+    return supervisor_value(shell_quote(value))
+
+
 @cache
 def _environment() -> jinja2.Environment:
-    # Shell, INI and JSON, not HTML: no autoescape; values are quoted with the q and json filters.
+    # Shell, INI, unit files and JSON, not HTML: no autoescape.  Every value goes through the filter of the
+    # syntax it lands in: q (bash word), systemd_arg / systemd_value (unit files), supervisor_arg /
+    # supervisor_value (supervisor programs), comment (inside a comment line), json (MindIE's config.json).
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(asset_root() / "templates")),
         undefined=jinja2.StrictUndefined,
@@ -84,8 +155,9 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
-    env.filters["json"] = _json
+    env.filters.update({"q": shell_quote, "json": _json, "comment": comment_text, "systemd_arg": systemd_arg,
+                        "systemd_value": systemd_value, "supervisor_arg": supervisor_arg,
+                        "supervisor_value": supervisor_value})
     return env
 
 
@@ -148,6 +220,8 @@ def _absolute_dir(name: str, value: str) -> str:
 
 def _env_lines(env: Mapping[str, str]) -> dict[str, str]:
     for name, value in env.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
+            raise ServiceError(f"environment {name!r}: not a variable name; use letters, digits and _")
         text = str(value)
         if text != text.strip() or text[:1] in ("'", '"') or any(c in text for c in "\\\n\r\0"):
             raise ServiceError(f"environment {name}: the value cannot be written unquoted to an env file "
