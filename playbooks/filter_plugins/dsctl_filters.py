@@ -209,6 +209,9 @@ def service_instances(host_vars) -> list[dict]:
             "process_check": [part.format(unit=planned.unit, runtime=runtime) for part in command],
             "process_pattern": pattern,
             "fingerprint": service_render.fingerprint(files),
+            # What the instance runs on besides its files (the role folds their state into the fingerprint).
+            "stack_paths": {"install_path": None if spec.manager == "container" else settings.dsctl_install_path,
+                            "venv": None if spec.manager == "container" else spec.venv},
             "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
                        "group": f.group, "secret": f.secret, "role": f.role} for f in files],
         })

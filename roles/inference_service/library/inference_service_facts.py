@@ -73,6 +73,7 @@ GOOD = ".dsctl-good"
 INSTANCE_RE = re.compile(r"^[a-z][a-z0-9-]*-[0-9]+$")
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 DIST_INFO_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
+META_KEYS = ("unit", "manager", "unit_file", "runtime", "files")
 MAX_INSTANCES = 4096  # bound the scan of config_dir
 
 
@@ -145,6 +146,17 @@ def _json(path, unreadable):
     return value if isinstance(value, dict) else unreadable
 
 
+def guess_meta(name, directory):
+    """The manager of an instance deployed before dsctl recorded it: from where its unit file is."""
+    unit = f"dsctl-{name}"
+    for manager, path in (("supervisor", f"/etc/supervisor/conf.d/{unit}.conf"),
+                          ("systemd", f"/etc/systemd/system/{unit}.service"),
+                          ("container", os.path.join(directory, "container-run.sh"))):
+        if os.path.isfile(path):
+            return {"unit": unit, "manager": manager, "unit_file": path, "runtime": "docker", "files": []}
+    return None
+
+
 def read_instances(config_dir):
     instances = {}
     try:
@@ -166,8 +178,11 @@ def read_instances(config_dir):
                 manifest = os.path.join(good_dir, entry, "manifest.json")
                 if FINGERPRINT_RE.match(entry) and os.path.isfile(manifest):
                     good.append((os.stat(manifest).st_mtime, entry))
+        meta = _json(os.path.join(directory, META), None)
+        if meta is None and isinstance(pending, dict) and pending.get("manager"):
+            meta = {key: pending.get(key) for key in META_KEYS}
         instances[name] = {"fingerprint": fingerprint, "pending": pending,
-                           "meta": _json(os.path.join(directory, META), None),
+                           "meta": meta if meta is not None else guess_meta(name, directory),
                            "good": [entry for _, entry in sorted(good, reverse=True)]}
     return instances
 

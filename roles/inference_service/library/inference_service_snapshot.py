@@ -81,6 +81,10 @@ GOOD = ".dsctl-good"
 MANIFEST = "manifest.json"
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_FILES = 64
+WHAT = {"kept": "backup of the last good files failed, the instance was not touched",
+        "restored": "restore of the last good files failed",
+        "verified": "the backup of the last good files does not verify",
+        "pruned": "pruning old backups of the last good files failed"}
 
 
 class SnapshotError(Exception):
@@ -261,10 +265,10 @@ def main():
             removed = prune(instance_dir, fingerprint, params["keep"])
             module.exit_json(changed=bool(removed), path=path, files=[], removed=removed)
     except SnapshotError as exc:
-        module.fail_json(msg=f"{state} snapshot {fingerprint[:12]} of {instance_dir}: {exc}", path=path)
+        module.fail_json(msg=f"{WHAT[state]} ({path}): {exc}", path=path)
     except OSError as exc:
-        module.fail_json(msg=f"{state} snapshot {fingerprint[:12]} of {instance_dir}: "
-                             f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), path=path)
+        reason = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc.strerror or exc)
+        module.fail_json(msg=f"{WHAT[state]} ({path}): {reason}", path=path)
     module.exit_json(changed=changed, path=path, files=[e["path"] for e in manifest["files"]])
 
 
