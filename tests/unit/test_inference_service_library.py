@@ -126,3 +126,24 @@ def test_facts_read_the_stack_and_the_rollout_state(tmp_path, instance):
     assert state["chat-0"]["meta"]["manager"] == "supervisor"
     (directory / ".dsctl-pending").write_text("{trunc")
     assert facts.read_instances(str(directory.parent))["chat-0"]["pending"] == {"unreadable": True}
+
+
+marker = load("inference_service_marker")
+
+
+def test_marker_moves_pending_to_good_and_clears_last(instance):
+    directory, _ = instance
+    marker.mark(str(directory), "pending", content={"candidate": C, "manager": "supervisor"})
+    pending = directory / ".dsctl-pending"
+    assert json.loads(pending.read_text()) == {"candidate": C, "manager": "supervisor"}
+    assert pending.stat().st_mode & 0o777 == 0o600
+    state = facts.read_instances(str(directory.parent))["chat-0"]
+    assert state["pending"]["candidate"] == C and state["fingerprint"] == ""
+    marker.mark(str(directory), "good", fingerprint=C, content={"unit": "dsctl-chat-0"})
+    assert not pending.exists() and (directory / ".dsctl-fingerprint").read_text() == C + "\n"
+    assert json.loads((directory / ".dsctl-instance.json").read_text()) == {"unit": "dsctl-chat-0"}
+    assert sorted(os.listdir(directory)) == [".dsctl-fingerprint", ".dsctl-instance.json", "launch.sh",
+                                             "service.env"]  # no temporary file left
+    assert marker.mark(str(directory), "cleared") is False
+    with pytest.raises(ValueError, match="64 hex digits"):
+        marker.mark(str(directory), "good", fingerprint="abc")
