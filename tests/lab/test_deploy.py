@@ -310,6 +310,20 @@ def test_an_interrupted_rollout_no_longer_declared_is_undone_through_the_gate(se
     assert size > 0
 
 
+def test_force_restart_restarts_every_selected_instance_through_the_gate(served_lab):
+    from dsctl.adapters.ansible_run import run_playbook
+
+    lab, directory = served_lab
+    before = pids(lab)
+    run = run_playbook("deploy.yml", inventory(lab, directory, [KEYED, service("b", 8001, max_num_seqs=16)]),
+                       limit="lab-02", extra_vars={"dsctl_deploy_force_restart": True}, timeout=300)
+    assert run.rc == 0, run.to_dict()
+    assert run.hosts["lab-02"].facts["inference_service_report"] == {"a-0": "restarted", "b-0": "restarted"}
+    after = pids(lab)
+    assert all(after[("lab-02", unit)] != before[("lab-02", unit)] for unit in ("dsctl-a-0", "dsctl-b-0"))
+    assert all(after[("lab-01", unit)] == before[("lab-01", unit)] for unit in ("dsctl-a-0", "dsctl-b-0"))
+
+
 def test_a_service_removed_from_the_inventory_is_stopped_and_archived(served_lab):
     lab, directory = served_lab
     code, report = deploy(inventory(lab, directory, [KEYED]), "--limit", "lab-02")
