@@ -239,8 +239,8 @@ def _children(pid: int) -> list[int]:
 
 
 def slow(max_num_seqs: int) -> dict:
-    """Service b taking 15 s to come up: long enough to kill dsctl while the health gate waits for it."""
-    return {**service("b", 8001, max_num_seqs=max_num_seqs), "env": {"DSCTL_ENGINE_STARTUP": "15"}}
+    """Service b taking 10 s to come up: long enough to kill dsctl while the health gate waits for it."""
+    return {**service("b", 8001, max_num_seqs=max_num_seqs), "env": {"DSCTL_ENGINE_STARTUP": "10"}}
 
 
 def kill_dsctl_during_the_health_wait(lab, path: Path, max_num_seqs: int) -> None:
