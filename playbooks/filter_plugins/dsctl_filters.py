@@ -24,6 +24,8 @@ else:
     IMPORT_ERROR = None
 
 SETTINGS_PREFIX = "dsctl_"
+# Options of one playbook run (dsctl passes them as extra vars, which reach hostvars): not host settings.
+RUN_OPTIONS = frozenset({"dsctl_deploy_serial", "dsctl_deploy_force_restart"})
 CHECKSUM_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(\S+)$")
 
 
@@ -37,7 +39,8 @@ def _require_core() -> None:
 
 def _dsctl_vars(host_vars: Mapping) -> dict:
     # Only dsctl_* keys are read, so unrelated undefined variables are never templated.
-    return {key: host_vars[key] for key in list(host_vars.keys()) if str(key).startswith(SETTINGS_PREFIX)}
+    return {key: host_vars[key] for key in list(host_vars.keys())
+            if str(key).startswith(SETTINGS_PREFIX) and str(key) not in RUN_OPTIONS}
 
 
 def _plain(value):
@@ -209,6 +212,9 @@ def service_instances(host_vars) -> list[dict]:
             "process_check": [part.format(unit=planned.unit, runtime=runtime) for part in command],
             "process_pattern": pattern,
             "fingerprint": service_render.fingerprint(files),
+            # What the instance runs on besides its files (the role folds their state into the fingerprint).
+            "stack_paths": {"install_path": None if spec.manager == "container" else settings.dsctl_install_path,
+                            "venv": None if spec.manager == "container" else spec.venv},
             "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
                        "group": f.group, "secret": f.secret, "role": f.role} for f in files],
         })

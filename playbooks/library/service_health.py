@@ -80,11 +80,18 @@ options:
     description: How many lines of O(log_file) RV(log_tail) carries.
     type: int
     default: 30
-  started_after:
+  since:
     description:
-      - Epoch seconds of the (re)start.  A O(log_file) last modified before it belongs to an earlier run; its
-        content is then ignored (no MindIE marker, no log tail).
+      - Epoch seconds (the host's clock) of the (re)start.  Log lines written before it belong to an earlier run
+        and never count (no MindIE C(Daemon start success!) of the previous run, no stale log tail or root cause).
+      - A O(log_file) last modified before O(since) holds nothing of this run.  Managers append to the log across
+        restarts, so give O(since_log_size) too (the bytes before it are the earlier runs').
     type: float
+  since_log_size:
+    description:
+      - Size in bytes of O(log_file) at O(since), taken right before the restart.  Only what follows that offset
+        is read; a log now smaller than it was rotated or truncated since and is read whole.
+    type: int
 author: dsctl
 """
 
@@ -173,21 +180,25 @@ class Unhealthy(Exception):
 # --------------------------------------------------------------------------- log
 
 
-def read_log(path, started_after=None):
-    """The log's last TAIL_BYTES as lines; [] when missing or older than started_after."""
+def read_log(path, since=None, since_log_size=None):
+    """The last TAIL_BYTES of what the log got since the restart, as lines: the bytes after ``since_log_size``
+    (all of them when the log is smaller now: rotated), nothing when it was last modified before ``since``;
+    [] when missing."""
     if not path:
         return []
     try:
         with open(path, "rb") as handle:
-            if started_after is not None and os.fstat(handle.fileno()).st_mtime < started_after:
+            if since is not None and os.fstat(handle.fileno()).st_mtime < since:
                 return []
             size = handle.seek(0, os.SEEK_END)
-            handle.seek(max(size - TAIL_BYTES, 0))
+            start = since_log_size if since_log_size is not None and 0 <= since_log_size <= size else 0
+            position = max(size - TAIL_BYTES, start)
+            handle.seek(position)
             data = handle.read()
     except OSError:
         return []
     lines = data.decode("utf-8", errors="replace").splitlines()
-    if len(data) == TAIL_BYTES and lines:
+    if position > start and lines:
         lines = lines[1:]  # the first line was cut
     return [line.rstrip() for line in lines]
 
@@ -352,7 +363,7 @@ def scrub(value, secret):
 
 def wait_healthy(url, model=None, kind="openai", log_file=None, timeout=900.0, interval=1.0, api_key=None,
                  process_check=None, process_running_pattern="RUNNING|STARTING", completion=True, log_lines=30,
-                 started_after=None, clock=time.monotonic, sleep=time.sleep):
+                 since=None, since_log_size=None, clock=time.monotonic, sleep=time.sleep):
     """Poll until ready or timeout.  Returns a dict with healthy, elapsed, checks, msg (and on failure
     failure_class and log_tail; process_status when process_check is given).  Never raises for the instance's
     own failures; ValueError for bad arguments."""
@@ -386,17 +397,17 @@ def wait_healthy(url, model=None, kind="openai", log_file=None, timeout=900.0, i
                                                    min(PROCESS_CHECK_TIMEOUT_S, remaining()))
                 result["process_status"] = status_line
                 if not alive:
-                    log = read_log(log_file, started_after)
+                    log = read_log(log_file, since, since_log_size)
                     raise Unhealthy(exited_message(log, status_line), "exited")
                 passed.append("process")
             if kind == "openai":
                 reason = probe_openai(endpoint, model, completion, remaining, passed)
             else:
                 reason = probe_mindie(endpoint, model, completion, remaining, passed,
-                                      read_log(log_file, started_after))
+                                      read_log(log_file, since, since_log_size))
         except Unhealthy as exc:
-            return finish(result, began, clock, False, str(exc), api_key, log_file, started_after, log_lines,
-                          exc.failure_class)
+            return finish(result, began, clock, False, str(exc), api_key, (log_file, since, since_log_size),
+                          log_lines, exc.failure_class)
         except (OSError, http.client.HTTPException) as exc:
             reason = transport_error(exc)
         if reason is None:
@@ -407,7 +418,8 @@ def wait_healthy(url, model=None, kind="openai", log_file=None, timeout=900.0, i
         if now >= deadline:
             done = ", ".join(passed) or "none"
             msg = f"instance not ready after {timeout:g}s (timeout): {reason}; checks passed: {done}"
-            return finish(result, began, clock, False, msg, api_key, log_file, started_after, log_lines, "timeout")
+            return finish(result, began, clock, False, msg, api_key, (log_file, since, since_log_size), log_lines,
+                          "timeout")
         sleep(max(min(interval, deadline - now), 0.0))
 
 
@@ -427,13 +439,13 @@ def transport_error(exc):
     return f"{type(exc).__name__}: {exc}"
 
 
-def finish(result, began, clock, healthy, msg, api_key, log_file=None, started_after=None, log_lines=30,
-           failure_class=None):
+def finish(result, began, clock, healthy, msg, api_key, log=(None, None, None), log_lines=30, failure_class=None):
+    """``log`` is (log_file, since, since_log_size)."""
     result["healthy"] = healthy
     result["elapsed"] = round(clock() - began, 2)
     result["msg"] = msg
     if not healthy:
-        log = read_log(log_file, started_after)
+        log = read_log(*log)
         cause_class, _ = root_cause(log)
         if failure_class == "exited" and cause_class:
             failure_class = cause_class
@@ -456,7 +468,8 @@ def main():
             "process_running_pattern": {"type": "str", "default": "RUNNING|STARTING"},
             "completion": {"type": "bool", "default": True},
             "log_lines": {"type": "int", "default": 30},
-            "started_after": {"type": "float"},
+            "since": {"type": "float"},
+            "since_log_size": {"type": "int"},
         },
         required_if=[("kind", "openai", ("model",)), ("kind", "mindie", ("log_file",))],
         supports_check_mode=True,

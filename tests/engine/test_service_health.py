@@ -237,10 +237,57 @@ def test_mindie_marker_from_an_earlier_run_is_ignored(engine, tmp_path):
     log = tmp_path / "mindie.log"
     log.write_text("Daemon start success!\n")
     result = sh.wait_healthy(engine.url, kind="mindie", log_file=str(log), timeout=0.5, interval=0.1,
-                             started_after=time.time() + 60, completion=False)
+                             since=time.time() + 60, completion=False)
     assert result["healthy"] is False
     assert "the log does not show 'Daemon start success!' yet" in result["msg"]
     assert result["log_tail"] == []
+
+
+def test_mindie_marker_of_the_previous_run_in_an_appended_log_does_not_count(engine, tmp_path):
+    # supervisor and systemd (StandardOutput=append:) append to the log across restarts: the previous run's
+    # "Daemon start success!" is still in the file, and the file is fresh (the new run writes to it).
+    log = tmp_path / "mindie.log"
+    log.write_text("[INFO] loading\nDaemon start success!\nstopping\n")
+    since, size = time.time(), log.stat().st_size
+    with log.open("a") as out:
+        out.write("[INFO] loading again\n")
+    waiting = sh.wait_healthy(engine.url, kind="mindie", log_file=str(log), timeout=0.5, interval=0.1,
+                              since=since, since_log_size=size, completion=False)
+    assert waiting["healthy"] is False
+    assert "the log does not show 'Daemon start success!' yet" in waiting["msg"]
+    assert waiting["log_tail"] == ["[INFO] loading again"]
+    # without the restart's offset the stale marker would have passed
+    assert sh.wait_healthy(engine.url, kind="mindie", log_file=str(log), timeout=0.5, since=since,
+                           completion=False)["healthy"] is True
+    with log.open("a") as out:
+        out.write("Daemon start success!\n")
+    ready = sh.wait_healthy(engine.url, kind="mindie", log_file=str(log), timeout=5, interval=0.1, since=since,
+                            since_log_size=size, completion=False)
+    assert ready["healthy"] is True and ready["checks"] == ["log_marker", "port"]
+
+
+def test_a_log_rotated_since_the_restart_is_read_whole(tmp_path):
+    log = tmp_path / "instance.log"
+    log.write_text("RuntimeError: NPU out of memory. Tried to allocate 2 GiB\n")
+    result = sh.wait_healthy(f"http://127.0.0.1:{free_port()}", MODEL, log_file=str(log), timeout=0.3,
+                             interval=0.1, since=time.time() - 5, since_log_size=1 << 20,
+                             process_check=["echo", "EXITED"], process_running_pattern="RUNNING")
+    assert result["failure_class"] == "oom" and result["log_tail"] == [log.read_text().strip()]
+
+
+def test_stale_lines_give_no_root_cause(tmp_path):
+    # the previous run died of OOM; the new one exits without a word: its failure is not the old OOM
+    log = tmp_path / "instance.log"
+    log.write_text("RuntimeError: NPU out of memory. Tried to allocate 2 GiB\n")
+    size = log.stat().st_size
+    with log.open("a") as out:
+        out.write("INFO starting\n")
+    result = sh.wait_healthy(f"http://127.0.0.1:{free_port()}", MODEL, log_file=str(log), timeout=5,
+                             since=time.time() - 5, since_log_size=size, process_check=["echo", "EXITED"],
+                             process_running_pattern="RUNNING")
+    assert result["failure_class"] == "exited"
+    assert result["msg"] == "instance exited during start-up: INFO starting"
+    assert result["log_tail"] == ["INFO starting"]
 
 
 # --------------------------------------------------------------------------- through Ansible
