@@ -81,9 +81,12 @@ def expected(stack: dict) -> tuple[str, str, str]:
 
 
 def expect_clean_check(inventory: Path, cann: str) -> None:
+    """Exit 0 and no error. CANN 8.5.0 on driver 25.3.rc1 keeps one warning: the driver's train list stops at
+    C23 while 8.5.0 is C25 (an observed working pair, `dsctl matrix` marks it); nothing else may appear."""
     code, report = run("check", inventory)
     host = report["data"]["hosts"][0]
-    assert code == 0 and host["status"] == "ok", host["findings"]
+    assert code == 0 and host["status"] in ("ok", "warning"), host["findings"]
+    assert {f["code"] for f in host["findings"]} <= {"driver-does-not-list-cann"}, host["findings"]
     assert host["versions"]["cann"]["active"] == cann
 
 

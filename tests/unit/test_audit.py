@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -399,3 +400,10 @@ def test_python_satisfies(version, specifier, ok):
 def test_pins_fixture_matches_the_matrix_row():
     # Guards the test data: the healthy host's venv is exactly the v0.13.0 row.
     assert desired().pip_pins == SERVING_PINS
+
+
+def test_versions_are_the_same_release_in_any_spelling():
+    stack = dataclasses.replace(desired("25.3.rc1", "8.3.RC2", "v0.11.0"), cann="8.3.rc2", driver="25.3.RC1")
+    raw = host_raw("25.3.rc1", ("8.3.RC2",), packages=stack.pip_pins)
+    report = audit(raw, stack)
+    assert not [code for code in codes(report, "error")], report.findings

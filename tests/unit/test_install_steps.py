@@ -15,6 +15,7 @@ from dsctl.core.fleet.install_steps import (
     plan_install_steps,
     switched_version_cfg,
 )
+from dsctl.core.fleet.stack import serving_venv_name
 from dsctl.core.hostfacts import versionfiles as vf
 from dsctl.core.hostfacts.hoststate import parse_host
 from tests.unit.test_audit import desired
@@ -140,3 +141,14 @@ def test_switched_version_cfg_moves_running_and_keeps_every_installed(kernels_in
     assert (kernels[1] if kernels else None) == ("8.3.RC2" if kernels_in_target else None)
     # and back again: the original file
     assert switched_version_cfg(switched_version_cfg(text, "8.3.RC2"), "8.5.0") == vf.render_version_cfg(before)
+
+
+def test_serving_venv_name_is_one_per_pin_set():
+    a = desired("25.3.rc1", "8.3.RC2", "v0.11.0").pip_pins
+    b = desired().pip_pins
+    assert serving_venv_name(a).startswith("vllm-ascend-0.11.0-") and serving_venv_name(b).startswith(
+        "vllm-ascend-0.13.0-")
+    # stable across spellings of the same names, different for any other pin
+    assert serving_venv_name({name.replace("-", "_").upper(): v for name, v in a.items()}) == serving_venv_name(a)
+    assert serving_venv_name({**a, "torch-npu": "2.7.1.post2"}) != serving_venv_name(a)
+    assert serving_venv_name({}).startswith("stack-")

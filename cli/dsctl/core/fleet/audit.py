@@ -21,6 +21,7 @@ from typing import Any
 from dsctl.core.fleet import install_steps
 from dsctl.core.fleet.compat import Finding, describe_npus, file_compatibility
 from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.fleet.versions import same_version
 from dsctl.core.hostfacts.hoststate import DriverState, EnvState, HostState, RunUserState, ServingState, pep503_name
 
 STATUSES = ("ok", "warning", "pending-reboot", "error")  # best to worst
@@ -567,4 +568,5 @@ def _install_record_findings(driver: DriverState) -> list[Finding]:
 
 
 def _same(left: str, right: str) -> bool:
-    return left.strip().casefold() == right.strip().casefold()
+    # The one version equality of dsctl (install_steps decides with it too): "8.3.rc2" is "8.3.RC2".
+    return same_version(left, right)
