@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 try:
-    from dsctl.core.fleet import ascend_env, audit, inventory_schema
-    from dsctl.core.fleet.stack import DesiredStack
+    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema
+    from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate
     from dsctl.core.serving import service, service_render
     from dsctl.errors import DsctlError
@@ -173,6 +173,25 @@ def audit_report(host_state, stack, expected_npus, env_expected=None) -> dict:
     return report.to_dict()
 
 
+def install_steps_of(host_state, stack) -> list[dict]:
+    """The ordered install/upgrade/switch/none steps of driver, firmware, toolkit, kernels/ops and NNAL."""
+    _require_core()
+    state = hoststate.HostState.from_dict(_plain(host_state))
+    steps = install_steps.plan_install_steps(DesiredStack.from_dict(_plain(stack)), state)
+    return [step.to_dict() for step in steps]
+
+
+def switched_version_cfg(text, version: str) -> str:
+    """latest/version.cfg once ``version`` (installed side by side) is the active CANN."""
+    _require_core()
+    return install_steps.switched_version_cfg(str(text or ""), str(version))
+
+
+def serving_venv_dir_name(pins) -> str:
+    _require_core()
+    return serving_venv_name(_plain(pins or {}))
+
+
 # How each service manager tells whether an instance's process is alive (service_health's process check).
 PROCESS_CHECKS = {
     "supervisor": (["supervisorctl", "status", "{unit}"], r"RUNNING|STARTING"),
@@ -235,4 +254,7 @@ class FilterModule:
             "dsctl_expected_env": expected_env,
             "dsctl_audit": audit_report,
             "dsctl_service_instances": service_instances,
+            "dsctl_install_steps": install_steps_of,
+            "dsctl_switched_version_cfg": switched_version_cfg,
+            "dsctl_serving_venv_name": serving_venv_dir_name,
         }

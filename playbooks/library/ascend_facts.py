@@ -109,6 +109,17 @@ def toolkit_state(install_path, arch):
     return dirs, kernels, latest
 
 
+def nnal_dirs(install_path):
+    """NNAL versions installed side by side: nnal/atb/<version>/ holding a version.info (latest -> <version>)."""
+    home = os.path.join(install_path, "nnal", "atb")
+    found = {}
+    for info in sorted(glob.glob(os.path.join(home, "*", "version.info"))):
+        version = info[len(home) + 1:].split(os.sep)[0]
+        if version != "latest" and not os.path.islink(os.path.join(home, version)):
+            found[version] = True
+    return found
+
+
 def run(module, argv):
     rc, out, err = module.run_command(argv, check_rc=False)
     return {"rc": rc, "stdout": out, "stderr": err}
@@ -203,6 +214,7 @@ def main():
         "toolkit_dirs": toolkit_dirs,
         "toolkit_latest": toolkit_latest,
         "kernels_dirs": kernels_dirs,
+        "nnal_dirs": nnal_dirs(install_path),
         "npu_smi": npu_smi_state(module),
         "upgrade_tool": upgrade_tools[0] if upgrade_tools else None,
         "run_user": user_state(params["run_user"], params["run_group"]),

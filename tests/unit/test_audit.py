@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -172,6 +173,28 @@ def test_desired_cann_installed_side_by_side_but_not_active():
     report = audit(host_raw("25.5.0", ("8.3.RC2", "8.5.0"), active="8.3.RC2"), desired())
     finding = one(report, "cann-inactive")
     assert finding.component == "cann" and "8.5.0" in finding.sentence and "8.3.RC2" in finding.sentence
+
+
+def test_side_by_side_advice_names_what_provision_does():
+    raw = host_raw("25.5.0", ("8.3.RC2", "8.5.0"), active="8.3.RC2")
+    raw["kernels_dirs"] = {"8.3.RC2": True, "8.5.0": True}
+    raw["nnal_dirs"] = {"8.3.RC2": True, "8.5.0": True}
+    fix = one(audit(raw, desired()), "cann-inactive").fix
+    assert fix.startswith("Run dsctl provision: it will switch latest/ to the installed CANN 8.5.0 and NNAL's latest")
+    assert "without running an installer" in fix and "serving venv" in fix
+    # NNAL 8.5.0 missing: the advice says provision installs it after the switch
+    raw["nnal_dirs"] = {"8.3.RC2": True}
+    fix = one(audit(raw, desired()), "cann-inactive").fix
+    assert "switch latest/ to the installed CANN 8.5.0, install NNAL 8.5.0" in fix
+    assert "without running an installer" not in fix
+
+
+def test_nnal_installed_side_by_side_is_switched_not_reinstalled():
+    raw = host_raw("25.5.0", ("8.5.0",))
+    raw["files"]["nnal_version_info"] = host_raw("25.3.rc1", ("8.3.RC2",))["files"]["nnal_version_info"]
+    raw["nnal_dirs"] = {"8.3.RC2": True, "8.5.0": True}
+    fix = one(audit(raw, desired()), "nnal-mismatch").fix
+    assert "switch NNAL's latest to the installed NNAL 8.5.0" in fix
 
 
 def test_other_cann_active_and_desired_missing():
@@ -383,3 +406,10 @@ def test_python_satisfies(version, specifier, ok):
 def test_pins_fixture_matches_the_matrix_row():
     # Guards the test data: the healthy host's venv is exactly the v0.13.0 row.
     assert desired().pip_pins == SERVING_PINS
+
+
+def test_versions_are_the_same_release_in_any_spelling():
+    stack = dataclasses.replace(desired("25.3.rc1", "8.3.RC2", "v0.11.0"), cann="8.3.rc2", driver="25.3.RC1")
+    raw = host_raw("25.3.rc1", ("8.3.RC2",), packages=stack.pip_pins)
+    report = audit(raw, stack)
+    assert not [code for code in codes(report, "error")], report.findings

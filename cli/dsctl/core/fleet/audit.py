@@ -20,8 +20,10 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.version import InvalidVersion, Version
 
+from dsctl.core.fleet import install_steps
 from dsctl.core.fleet.compat import Finding, describe_npus, file_compatibility
 from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.fleet.versions import same_version
 from dsctl.core.hostfacts.hoststate import DriverState, EnvState, HostState, RunUserState, ServingState, pep503_name
 
 STATUSES = ("ok", "warning", "pending-reboot", "error")  # best to worst
@@ -176,7 +178,7 @@ def _stack_drift(state: HostState, desired: DesiredStack | None) -> list[Finding
                 "error",
                 "cann",
                 f"CANN {desired.cann} is installed side by side but CANN {cann.active or 'none'} is active.",
-                f"{PROVISION} to switch latest/ to CANN {desired.cann}.",
+                f"{PROVISION}: it will {_cann_plan(state, desired)}.",
                 "cann-inactive",
             )
         )
@@ -189,6 +191,16 @@ def _stack_drift(state: HostState, desired: DesiredStack | None) -> list[Finding
             )
         )
     return findings
+
+
+def _cann_plan(state: HostState, desired: DesiredStack) -> str:
+    """What provision does to the CANN parts, from the same install steps the roles follow."""
+    steps = [step for step in install_steps.plan_install_steps(desired, state)
+             if step.component in ("toolkit", "kernels", "nnal")]
+    plan = install_steps.describe(steps)
+    if desired.pip_pins:
+        plan += ", then point the serving venv at the venv of that stack (built only if it has none yet)"
+    return plan
 
 
 def _version_drift(component: str, title: str, installed: str | None, wanted: str | None) -> list[Finding]:
@@ -244,13 +256,19 @@ def _cann_parts(state: HostState, desired: DesiredStack | None) -> list[Finding]
             )
         )
     elif not _same(cann.nnal_version, cann.active):
+        side_by_side = next((version for version in cann.nnal_installed if _same(version, cann.active)), None)
+        if desired is None:
+            fix = f"Install the NNAL package of CANN {cann.active}."
+        elif side_by_side:
+            fix = f"{PROVISION} to switch NNAL's latest to the installed NNAL {side_by_side} (no installer runs)."
+        else:
+            fix = f"{PROVISION} to install NNAL {cann.active}."
         findings.append(
             Finding(
                 severity,
                 "cann",
                 f"NNAL {cann.nnal_version} does not match the active CANN {cann.active}.",
-                f"{PROVISION} to install NNAL {cann.active}." if desired is not None
-                else f"Install the NNAL package of CANN {cann.active}.",
+                fix,
                 "nnal-mismatch",
             )
         )
@@ -460,7 +478,9 @@ def _serving_findings(serving: ServingState, desired: DesiredStack | None) -> li
         else:
             continue
         findings.append(
-            Finding("error", "serving", sentence, f"{PROVISION} to reinstall the pinned serving stack.",
+            Finding("error", "serving", sentence,
+                    f"{PROVISION} to point the serving venv at the venv of the pinned stack (built from the "
+                    "wheelhouse only when that stack has none yet).",
                     "serving-pin-drift")
         )
     if desired.python and serving.python and not python_satisfies(serving.python, desired.python):
@@ -534,4 +554,5 @@ def _install_record_findings(driver: DriverState) -> list[Finding]:
 
 
 def _same(left: str, right: str) -> bool:
-    return left.strip().casefold() == right.strip().casefold()
+    # The one version equality of dsctl (install_steps decides with it too): "8.3.rc2" is "8.3.RC2".
+    return same_version(left, right)

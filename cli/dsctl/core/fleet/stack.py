@@ -8,6 +8,10 @@ Installer file names keep ``{arch}`` as a placeholder: the role fills in the hos
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,3 +49,17 @@ class DesiredStack:
         values["sources"] = tuple(values.get("sources", ()))
         values["warnings"] = tuple(values.get("warnings", ()))
         return cls(**values)
+
+
+def serving_venv_name(pins: Mapping[str, str]) -> str:
+    """Directory name of the serving venv that holds exactly ``pins``: ``vllm-ascend-0.13.0-1a2b3c4d``.
+
+    Provisioning keeps one venv per pin set side by side and points the configured serving venv (a symlink)
+    at the active stack's, so switching CANN back and forth never reinstalls a venv that was built before.
+    The digest covers every pin (a changed torch-npu makes a new venv); the prefix names the release for
+    people listing the directory.
+    """
+    normalized = {re.sub(r"[-_.]+", "-", str(name)).lower(): str(version) for name, version in pins.items()}
+    digest = hashlib.sha256(json.dumps(normalized, sort_keys=True).encode()).hexdigest()[:8]
+    release = normalized.get("vllm-ascend")
+    return f"vllm-ascend-{release}-{digest}" if release else f"stack-{digest}"

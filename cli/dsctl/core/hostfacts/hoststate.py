@@ -10,7 +10,7 @@ and the tests.  Raw shape (every value may be missing or None when the file or t
      "files": {"driver_version_info", "firmware_version_info", "ascend_install_info", "cann_install_info",
                "toolkit_version_cfg", "opp_version_info", "nnal_version_info", "env_file"},   # text or None
      "toolkit_dirs": {"8.5.0": "<ascend_toolkit_install.info text or None>"}, "toolkit_latest": "8.5.0",
-     "kernels_dirs": {"8.5.0": true},
+     "kernels_dirs": {"8.5.0": true}, "nnal_dirs": {"8.5.0": true},
      "npu_smi": {"path": "/usr/local/bin/npu-smi", "info": {"rc", "stdout", "stderr"},
                  "boards": {"0": {"rc", "stdout"}}},
      "upgrade_tool": "/usr/local/Ascend/driver/tools/upgrade-tool",
@@ -92,6 +92,7 @@ class CannState:
     kernels_installed: bool | None = None
     kernels_installed_for: tuple[str, ...] = ()
     nnal_version: str | None = None  # nnal/atb/latest/version.info "Ascend-cann-atb"
+    nnal_installed: tuple[str, ...] = ()  # side-by-side nnal/atb/<version>/ directories, oldest first
     install_path: str | None = None  # /etc/Ascend/ascend_cann_install.info Install_Path
 
 
@@ -510,6 +511,8 @@ def _parse_cann(raw: Mapping[str, Any], files: Mapping[str, Any], problems: list
         kernels_installed=(active in kernels_for) if active and kernels_known else None,
         kernels_installed_for=kernels_for,
         nnal_version=nnal or None,
+        nnal_installed=tuple(sorted((str(name) for name, present in _mapping(raw.get("nnal_dirs")).items()
+                                     if present is True), key=version_sort_key)),
         install_path=vf.parse_key_value(_str(files.get("cann_install_info")) or "").get("Install_Path") or None,
     )
 

@@ -1,0 +1,154 @@
+"""plan_install_steps: install / upgrade / switch / none per package, in the vendor's order (hosts from the
+lab's own renderers, stacks from releases.yaml)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dsctl.core.fleet.install_steps import (
+    by_component,
+    cann_switch_only,
+    describe,
+    packages_needed,
+    plan_install_steps,
+    switched_version_cfg,
+)
+from dsctl.core.fleet.stack import serving_venv_name
+from dsctl.core.hostfacts import versionfiles as vf
+from dsctl.core.hostfacts.hoststate import parse_host
+from tests.unit.test_audit import desired
+from tests.unit.test_hoststate import bare_raw, host_raw, version_cfg
+
+
+def steps_of(raw: dict, stack=None):
+    return plan_install_steps(stack or desired(), parse_host(raw))
+
+
+def actions(steps) -> dict[str, str]:
+    return {step.component: step.action for step in steps}
+
+
+def side_by_side(active: str, other: str, *, other_kernels: bool = True, other_nnal: bool = True) -> dict:
+    """HDK 25.3.rc1 with CANN ``active`` and ``other`` installed, ``active`` behind latest/."""
+    raw = host_raw("25.3.rc1", (other, active), active=active)
+    raw["kernels_dirs"] = {active: True, other: other_kernels}
+    raw["nnal_dirs"] = {active: True, **({other: True} if other_nnal else {})}
+    return raw
+
+
+def test_bare_host_installs_everything_driver_before_firmware():
+    steps = steps_of(bare_raw())
+    assert [step.component for step in steps] == ["driver", "firmware", "toolkit", "kernels", "nnal"]
+    assert set(actions(steps).values()) == {"install"}
+    stack = desired()
+    assert packages_needed(steps) == [stack.driver_run, stack.firmware_run, stack.toolkit_run, stack.kernels_run,
+                                      stack.nnal_run]
+
+
+def test_provisioned_host_needs_nothing():
+    steps = steps_of(host_raw())
+    assert set(actions(steps).values()) == {"none"}
+    assert packages_needed(steps) == [] and describe(steps) == "change nothing"
+
+
+def test_installed_hdk_upgrades_firmware_before_driver():
+    steps = steps_of(host_raw("24.1.rc3", ("8.0.0",)))
+    assert [step.component for step in steps][:2] == ["firmware", "driver"]
+    hdk = by_component(steps)
+    assert hdk["driver"].action == "upgrade" and hdk["driver"].current == "24.1.rc3"
+    assert "newer 25.5.0" in hdk["driver"].reason
+    assert hdk["firmware"].action == "upgrade"
+    assert actions(steps)["toolkit"] == "install" and actions(steps)["nnal"] == "install"
+
+
+def test_going_back_to_an_older_driver_is_an_upgrade_run_saying_older():
+    step = by_component(steps_of(host_raw("25.5.0", ("8.5.0",)), desired("25.3.rc1")))["driver"]
+    assert step.action == "upgrade" and "older 25.3.rc1" in step.reason
+
+
+def test_driver_present_but_firmware_missing_installs_the_firmware_with_full():
+    raw = host_raw()
+    raw["files"]["firmware_version_info"] = None
+    steps = by_component(steps_of(raw))
+    assert steps["firmware"].action == "install" and steps["driver"].action == "none"
+
+
+def test_versions_compare_case_insensitively_like_the_rest_of_dsctl():
+    # The host spells the release 8.3.RC2; a stack asking for "8.3.rc2" is the same release: nothing to do.
+    stack = dataclasses.replace(desired("25.3.rc1", "8.3.RC2", "v0.11.0"), cann="8.3.rc2", driver="25.3.RC1")
+    steps = steps_of(host_raw("25.3.rc1", ("8.3.RC2",)), stack)
+    assert set(actions(steps).values()) == {"none"}, steps
+
+
+def test_installed_side_by_side_is_a_switch_to_the_hosts_spelling_with_no_installer():
+    stack = dataclasses.replace(desired("25.3.rc1", "8.3.RC2", "v0.11.0"), cann="8.3.rc2")
+    steps = steps_of(side_by_side("8.5.0", "8.3.RC2"), stack)
+    parts = by_component(steps)
+    assert {name: parts[name].action for name in ("toolkit", "kernels", "nnal")} == {
+        "toolkit": "switch", "kernels": "switch", "nnal": "switch"}
+    assert {parts[name].target for name in ("toolkit", "kernels", "nnal")} == {"8.3.RC2"}
+    assert parts["toolkit"].current == "8.5.0"
+    assert packages_needed(steps) == [] and cann_switch_only(steps)
+    assert describe(steps) == ("switch latest/ to the installed CANN 8.3.RC2 and NNAL's latest to its NNAL "
+                               "without running an installer")
+
+
+def test_switch_then_install_the_parts_the_other_version_lacks():
+    stack = desired("25.3.rc1", "8.3.RC2", "v0.11.0")
+    steps = steps_of(side_by_side("8.5.0", "8.3.RC2", other_kernels=False, other_nnal=False), stack)
+    assert {k: v for k, v in actions(steps).items() if k in ("toolkit", "kernels", "nnal")} == {
+        "toolkit": "switch", "kernels": "install", "nnal": "install"}
+    assert packages_needed(steps) == [stack.kernels_run, stack.nnal_run]
+    assert not cann_switch_only(steps)
+    assert describe(steps) == ("switch latest/ to the installed CANN 8.3.RC2, install kernels/ops 8.3.RC2, "
+                               "install NNAL 8.3.RC2")
+
+
+def test_only_nnal_points_elsewhere():
+    raw = host_raw("25.5.0", ("8.5.0",))
+    raw["files"]["nnal_version_info"] = host_raw("25.3.rc1", ("8.3.RC2",))["files"]["nnal_version_info"]
+    raw["nnal_dirs"] = {"8.3.RC2": True, "8.5.0": True}
+    steps = by_component(steps_of(raw))
+    assert steps["toolkit"].action == "none" and steps["nnal"].action == "switch"
+    assert steps["nnal"].target == "8.5.0" and steps["nnal"].current == "8.3.RC2"
+    assert describe(steps.values()) == "switch NNAL's latest to the installed NNAL 8.5.0 without running an installer"
+
+
+def test_a_new_cann_is_installed_with_the_old_one_kept():
+    steps = by_component(steps_of(host_raw("25.5.0", ("8.3.RC2",)), desired()))
+    assert steps["toolkit"].action == "install" and steps["toolkit"].current == "8.3.RC2"
+    assert "CANN 8.3.RC2 is active, 8.5.0 wanted" in steps["toolkit"].reason
+
+
+def test_steps_serialise_with_runs_installer():
+    step = steps_of(bare_raw())[0].to_dict()
+    assert step["runs_installer"] is True and step["package"].startswith("Ascend-hdk-910b-npu-driver")
+    assert set(step) == {"component", "action", "wanted", "target", "current", "package", "reason",
+                         "runs_installer"}
+
+
+@pytest.mark.parametrize("kernels_in_target", [True, False])
+def test_switched_version_cfg_moves_running_and_keeps_every_installed(kernels_in_target):
+    text = version_cfg(["8.3.RC2", "8.5.0"], "8.5.0", ["8.3.RC2", "8.5.0"] if kernels_in_target else ["8.5.0"])
+    switched = vf.parse_version_cfg(switched_version_cfg(text, "8.3.rc2"))
+    before = vf.parse_version_cfg(text)
+    assert vf.version_cfg_running(switched)[1] == "8.3.RC2"
+    assert {name: entry["installed"] for name, entry in switched.items()} == {
+        name: entry["installed"] for name, entry in before.items()}
+    kernels = vf.version_cfg_running(switched, vf.KERNELS_CFG_COMPONENT)
+    assert (kernels[1] if kernels else None) == ("8.3.RC2" if kernels_in_target else None)
+    # and back again: the original file
+    assert switched_version_cfg(switched_version_cfg(text, "8.3.RC2"), "8.5.0") == vf.render_version_cfg(before)
+
+
+def test_serving_venv_name_is_one_per_pin_set():
+    a = desired("25.3.rc1", "8.3.RC2", "v0.11.0").pip_pins
+    b = desired().pip_pins
+    assert serving_venv_name(a).startswith("vllm-ascend-0.11.0-") and serving_venv_name(b).startswith(
+        "vllm-ascend-0.13.0-")
+    # stable across spellings of the same names, different for any other pin
+    assert serving_venv_name({name.replace("-", "_").upper(): v for name, v in a.items()}) == serving_venv_name(a)
+    assert serving_venv_name({**a, "torch-npu": "2.7.1.post2"}) != serving_venv_name(a)
+    assert serving_venv_name({}).startswith("stack-")
