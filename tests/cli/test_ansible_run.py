@@ -273,16 +273,16 @@ def test_interrupt_stops_ansible_and_reraises(fake_ansible, monkeypatch):
 
 
 # dsctl as its own process, driving the fake ansible-playbook: a signal to dsctl must not leave the playbook running.
+# The inventory is the sample one, validated for real (ansible-inventory); only the playbook binary is a stand-in.
 DSCTL_PARENT = """\
 import sys
 from pathlib import Path
 from dsctl import app
 from dsctl.adapters import ansible_run
-from dsctl.commands import fleet
 ansible_run.ansible_playbook_bin = lambda: Path(sys.argv[1])
-fleet._validate_inventory = lambda inventory: None
 sys.exit(app.main(["check", sys.argv[2]]))
 """
+SAMPLE_INVENTORY = REPO / "inventories" / "sample" / "hosts.yml"
 
 
 def _alive(pid: int) -> bool:
@@ -306,8 +306,9 @@ def _wait_for(predicate, seconds: float = 10.0) -> bool:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_dsctl_takes_its_playbook_down(fake_ansible, tmp_path, signum):
     inventory = fake_ansible(0, PLAY[:2], sleep=60)
+    assert inventory.is_file()  # the fake's spec is written; dsctl itself gets the sample inventory
     parent = subprocess.Popen([sys.executable, "-c", DSCTL_PARENT, str(ansible_run.ansible_playbook_bin()),
-                               str(inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(SAMPLE_INVENTORY)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pid_file = tmp_path / "argv.json.pid"
     try:
         assert _wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), 30), parent.stderr

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dsctl.adapters.inventory import VaultOptions
 from dsctl.assets import ansible_cfg, asset_root
 from dsctl.errors import DsctlError, EnvironmentUnsupported, ExitStatus, UsageError
 
@@ -296,8 +297,11 @@ def build_env(artifacts: Path, control_dir: Path, base: dict[str, str] | None = 
 
 def build_command(playbook_path: Path, inventory: Path, *, limit: str | None = None, check: bool = False,
                   diff: bool = False, tags: str | None = None, forks: int | None = None,
-                  extra_vars_file: Path | None = None) -> list[str]:
+                  extra_vars_file: Path | None = None, vault: VaultOptions | None = None) -> list[str]:
     argv = [str(ansible_playbook_bin()), "-i", str(inventory)]
+    # A prompt cannot reach ansible-playbook (no tty): the command layer turns --ask-vault-pass into a file.
+    if vault is not None and vault.password_file is not None:
+        argv += ["--vault-password-file", str(vault.password_file)]
     if limit:
         argv += ["--limit", limit]
     if check:
@@ -416,6 +420,7 @@ def run_playbook(
     tags: str | None = None,
     forks: int | None = None,
     extra_vars: dict | None = None,
+    vault: VaultOptions | None = None,
     on_event: EventHandler | None = None,
     artifacts_dir: Path | None = None,
     timeout: float | None = None,
@@ -445,7 +450,7 @@ def run_playbook(
     control_dir, control_is_temp = control_path_dir(artifacts)
     extra_vars_file = write_extra_vars(artifacts, extra_vars) if extra_vars else None
     argv = build_command(playbook_path, inventory, limit=limit, check=check, diff=diff, tags=tags, forks=forks,
-                         extra_vars_file=extra_vars_file)
+                         extra_vars_file=extra_vars_file, vault=vault)
     env = build_env(artifacts, control_dir)
 
     collector = EventCollector()
