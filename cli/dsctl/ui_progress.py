@@ -169,12 +169,10 @@ class StageProgress:
     def _show(self) -> None:
         if not self.live:
             return
-        if self._view is None:
+        if self._view is None:  # redrawn by Live's own thread (refresh_per_second), not once per event
             self._view = Live(get_renderable=self.table, console=self.console, transient=True,
                               refresh_per_second=self._refresh_rate)
             self._view.start()
-        else:
-            self._view.refresh()
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = str(event.get("event", ""))

@@ -164,45 +164,6 @@ def test_env_and_command(tmp_path, monkeypatch):
                         "-e", f"@{tmp_path / 'extra_vars.json'}", str(root / "playbooks" / "npu_info.yml")]
 
 
-FAKE_ANSIBLE = """\
-#!{python}
-import json, os, sys, time
-spec = json.load(open(os.environ["FAKE_SPEC"]))
-open(os.environ["FAKE_ARGV"], "w").write(json.dumps(sys.argv))
-open(os.environ["FAKE_ARGV"] + ".pid", "w").write(str(os.getpid()))
-print(spec.get("log", "PLAY [fake]"), flush=True)
-with open(os.environ["DSCTL_EVENTS_FILE"], "a") as events:
-    for event in spec["events"]:
-        line = json.dumps(event) + "\\n"
-        events.write(line[:10]); events.flush(); time.sleep(0.01)  # a half-written line must wait
-        events.write(line[10:]); events.flush()
-time.sleep(spec.get("sleep", 0))
-sys.exit(spec["rc"])
-"""
-
-
-@pytest.fixture
-def fake_ansible(tmp_path, monkeypatch):
-    binary = tmp_path / "bin" / "ansible-playbook"
-    binary.parent.mkdir()
-    binary.write_text(FAKE_ANSIBLE.format(python=sys.executable))
-    binary.chmod(0o755)
-    monkeypatch.setattr(ansible_run, "ansible_playbook_bin", lambda: binary)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("FAKE_ARGV", str(tmp_path / "argv.json"))
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text("all: {}\n")
-
-    def configure(rc, events, **extra):
-        spec = tmp_path / "spec.json"
-        spec.write_text(json.dumps({"rc": rc, "events": events, **extra}))
-        monkeypatch.setenv("FAKE_SPEC", str(spec))
-        return inventory
-
-    configure.argv = lambda: json.loads((tmp_path / "argv.json").read_text())
-    return configure
-
-
 def test_run_streams_events_in_order_and_keeps_secrets_off_the_command_line(fake_ansible):
     events = [*PLAY, stats(**{"lab-01": {"ok": 2, "changed": 1}, "lab-02": {"failures": 1},
                               "lab-03": {"unreachable": 1}})]
