@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None, *, context: AppContext | None = None) ->
     except click_errors.ClickException as exc:
         print(f"dsctl: error: {exc.format_message()}", file=sys.stderr)
         return int(exc.exit_code)
+    except SystemExit as exc:  # a command that exits itself (engine serve: argparse)
+        return exc.code if isinstance(exc.code, int) else int(ExitStatus.OK if exc.code is None else ExitStatus.ERROR)
     except (typer.Abort, EOFError):
         print("dsctl: interrupted", file=sys.stderr)
         return int(ExitStatus.INTERRUPTED)
