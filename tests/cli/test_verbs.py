@@ -192,3 +192,16 @@ def test_the_context_on_ctx_obj_is_what_commands_use(fake_ansible, capsys):
     assert code == ExitStatus.TIMEOUT
     assert time.monotonic() - started < 20
     assert "check.yml did not finish within 0.5 s" in capsys.readouterr().err
+
+
+def test_deploy_check_mode_rows_and_the_table(fake_ansible, capsys):
+    fake_ansible(0, [*deploy_events({"atlas-a02": {"chat-0": "would restart"}}),
+                     stats(**{h: {"ok": 2} for h in HOSTS})])
+    assert main(["deploy", str(SAMPLE), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "dsctl deploy --check: 4 instances" in out
+    cells = {tuple(line.split("│")[1:7]) for line in out.splitlines() if "atlas-" in line}
+    statuses = {(row[0].strip(), row[1].strip()): row[5].strip() for row in cells}
+    assert statuses == {("atlas-a01", "chat-0"): "checked", ("atlas-a01", "chat-1"): "checked",
+                        ("atlas-a02", "chat-0"): "would restart", ("atlas-a02", "chat-1"): "checked"}
+    assert "--check" in fake_ansible.argv()
