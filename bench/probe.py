@@ -32,8 +32,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from dsctl.commands.probe import ProbeConfig, execute
 from dsctl.core.load.probe_metrics import percentile
+from dsctl.services.probe import ProbeConfig, probe
+from dsctl.services.runtime import HttpProber
 
 MODEL = "deepseek-r1-distill-qwen-7b"
 
@@ -102,7 +103,7 @@ def main() -> int:
                               requests=args.requests, prompt_tokens=str(args.prompt_tokens),
                               output_tokens=str(args.output_tokens), warmup=8, timeout=120.0, seed=1)
             cpu0, wall0 = cpu_seconds(), time.perf_counter()
-            outcome = execute(cfg, show_progress=False, lag_samples=lags)
+            outcome = probe(HttpProber(), cfg, lag_samples=lags)
             cpu, elapsed = cpu_seconds() - cpu0, time.perf_counter() - wall0
         finally:
             proc.terminate()

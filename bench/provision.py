@@ -45,8 +45,9 @@ def timed(command: list[str], env: dict[str, str]) -> float:
         output = result.stdout + result.stderr
         with tempfile.NamedTemporaryFile("w", prefix="bench-provision-", suffix=".log", delete=False) as log:
             log.write(output)
+        # plain ansible-playbook's fatal/failed lines and recap; dsctl's run tail ("HOST: failed at TASK: ...")
         problems = [line for line in output.splitlines() if line.startswith(("fatal:", "failed:", "dsctl: error"))
-                    or re.search(r"(failed|unreachable)=[1-9]", line)]
+                    or re.search(r"(failed|unreachable)=[1-9]|^\S+: (failed at |unreachable: )", line)]
         raise SystemExit(f"{' '.join(command)} exited {result.returncode} (whole output: {log.name}):\n"
                          + "\n".join(problems[-20:] or output.splitlines()[-20:]))
     return elapsed

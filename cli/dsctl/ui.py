@@ -47,3 +47,14 @@ def emit_json(command: Sequence[str], data: Any, *, exit_code: int = 0, errors: 
         "errors": list(errors),
     }
     sys.stdout.write(json.dumps(envelope, indent=1, sort_keys=False) + "\n")
+
+
+def print_run_tail(errors: Sequence[str], *, rerun: Sequence[str], command: str, inventory: Any, log: Any) -> None:
+    """After a playbook verb: failures with their log lines, which hosts to re-run, where the run's log is."""
+    console = stderr_console()
+    for line in errors:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    if rerun:
+        console.print(f"re-run these hosts once fixed: dsctl {command} {inventory} --limit {','.join(rerun)}",
+                      markup=False, soft_wrap=True)
+    console.print(f"run log: {log}", markup=False, style="dim", soft_wrap=True)

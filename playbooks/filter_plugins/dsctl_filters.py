@@ -18,6 +18,7 @@ try:
     from dsctl.core.hostfacts import hoststate
     from dsctl.core.serving import service, service_render
     from dsctl.errors import DsctlError
+    from dsctl.services import deploy_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
     IMPORT_ERROR: str | None = str(missing)
 else:
@@ -200,12 +201,16 @@ PROCESS_CHECKS = {
 }
 
 
-def service_instances(host_vars) -> list[dict]:
-    """Every inference instance of this host with its rendered files, fingerprint and readiness check."""
+def service_instances(host_vars, overrides=None, only=None) -> list[dict]:
+    """Every inference instance of this host with its rendered files, fingerprint and readiness check.
+
+    ``overrides`` ({service: {engine parameter: value}}, dsctl_service_overrides) replace engine parameters;
+    ``only`` (instance names, dsctl_deploy_only) keeps just those instances (None or empty: all)."""
     _require_core()
     name = str(host_vars.get("inventory_hostname", "host"))
     try:
         settings = inventory_schema.validate_fleet({name: _plain(_dsctl_vars(host_vars))})[name]
+        settings = deploy_plan.apply_overrides(settings, _plain(overrides or {}))
     except DsctlError as problem:
         raise AnsibleFilterError(str(problem)) from None
     services = {spec.name: spec for spec in settings.services}
@@ -214,7 +219,8 @@ def service_instances(host_vars) -> list[dict]:
         config_dir=settings.dsctl_service_config_dir, log_dir=settings.dsctl_service_log_dir,
         install_path=settings.dsctl_install_path)
     instances = []
-    for planned in service.plan_host(settings.services, settings.dsctl_npu_count):
+    chosen = set(_plain(only)) if only else None
+    for planned in deploy_plan.chosen(service.plan_host(settings.services, settings.dsctl_npu_count), chosen):
         spec = services[planned.service]
         files = rendered[planned.name]
         command, pattern = PROCESS_CHECKS[spec.manager]

@@ -164,45 +164,6 @@ def test_env_and_command(tmp_path, monkeypatch):
                         "-e", f"@{tmp_path / 'extra_vars.json'}", str(root / "playbooks" / "npu_info.yml")]
 
 
-FAKE_ANSIBLE = """\
-#!{python}
-import json, os, sys, time
-spec = json.load(open(os.environ["FAKE_SPEC"]))
-open(os.environ["FAKE_ARGV"], "w").write(json.dumps(sys.argv))
-open(os.environ["FAKE_ARGV"] + ".pid", "w").write(str(os.getpid()))
-print(spec.get("log", "PLAY [fake]"), flush=True)
-with open(os.environ["DSCTL_EVENTS_FILE"], "a") as events:
-    for event in spec["events"]:
-        line = json.dumps(event) + "\\n"
-        events.write(line[:10]); events.flush(); time.sleep(0.01)  # a half-written line must wait
-        events.write(line[10:]); events.flush()
-time.sleep(spec.get("sleep", 0))
-sys.exit(spec["rc"])
-"""
-
-
-@pytest.fixture
-def fake_ansible(tmp_path, monkeypatch):
-    binary = tmp_path / "bin" / "ansible-playbook"
-    binary.parent.mkdir()
-    binary.write_text(FAKE_ANSIBLE.format(python=sys.executable))
-    binary.chmod(0o755)
-    monkeypatch.setattr(ansible_run, "ansible_playbook_bin", lambda: binary)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("FAKE_ARGV", str(tmp_path / "argv.json"))
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text("all: {}\n")
-
-    def configure(rc, events, **extra):
-        spec = tmp_path / "spec.json"
-        spec.write_text(json.dumps({"rc": rc, "events": events, **extra}))
-        monkeypatch.setenv("FAKE_SPEC", str(spec))
-        return inventory
-
-    configure.argv = lambda: json.loads((tmp_path / "argv.json").read_text())
-    return configure
-
-
 def test_run_streams_events_in_order_and_keeps_secrets_off_the_command_line(fake_ansible):
     events = [*PLAY, stats(**{"lab-01": {"ok": 2, "changed": 1}, "lab-02": {"failures": 1},
                               "lab-03": {"unreachable": 1}})]
@@ -273,16 +234,16 @@ def test_interrupt_stops_ansible_and_reraises(fake_ansible, monkeypatch):
 
 
 # dsctl as its own process, driving the fake ansible-playbook: a signal to dsctl must not leave the playbook running.
+# The inventory is the sample one, validated for real (ansible-inventory); only the playbook binary is a stand-in.
 DSCTL_PARENT = """\
 import sys
 from pathlib import Path
 from dsctl import app
 from dsctl.adapters import ansible_run
-from dsctl.commands import fleet
 ansible_run.ansible_playbook_bin = lambda: Path(sys.argv[1])
-fleet._validate_inventory = lambda inventory: None
 sys.exit(app.main(["check", sys.argv[2]]))
 """
+SAMPLE_INVENTORY = REPO / "inventories" / "sample" / "hosts.yml"
 
 
 def _alive(pid: int) -> bool:
@@ -306,8 +267,9 @@ def _wait_for(predicate, seconds: float = 10.0) -> bool:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_dsctl_takes_its_playbook_down(fake_ansible, tmp_path, signum):
     inventory = fake_ansible(0, PLAY[:2], sleep=60)
+    assert inventory.is_file()  # the fake's spec is written; dsctl itself gets the sample inventory
     parent = subprocess.Popen([sys.executable, "-c", DSCTL_PARENT, str(ansible_run.ansible_playbook_bin()),
-                               str(inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(SAMPLE_INVENTORY)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pid_file = tmp_path / "argv.json.pid"
     try:
         assert _wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), 30), parent.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -17,8 +18,11 @@ LAB_COMMANDS = ["up", "down", "status", "fault", "packages"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dsctl", *args], capture_output=True, text=True,
-                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    # A bare environment, but the package under test (PYTHONPATH in a worktree) stays the one imported.
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run([sys.executable, "-m", "dsctl", *args], capture_output=True, text=True, env=env)
 
 
 def test_version():
@@ -41,7 +45,7 @@ def test_shell_completion_is_offered():
 def test_unknown_option_is_a_usage_error():
     result = run_cli("lab", "up", "--hostz", "3")
     assert result.returncode == 2
-    assert "No such option" in result.stderr
+    assert result.stderr == "dsctl: error: --hostz: no such option; did you mean --hosts or --root?\n"
 
 
 def test_fault_kind_is_checked_before_anything_runs(capsys):

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from dsctl.app import main
+from dsctl.services.probe import ProbeConfig, probe
+from dsctl.services.runtime import HttpProber
 
 ENGINE_MODEL = "deepseek-r1-distill-qwen-7b"
 HAVE_ENGINE = importlib.util.find_spec("dsctl.engine.__main__") is not None
@@ -322,3 +324,19 @@ def test_slo_missed_without_early_stop_exits_6(engine, capsys):
     code, env = run_json(capsys, url, "--concurrency", "4", "--requests", "8", "--output-tokens", "4",
                          "--goodput", "e2el:0.001")
     assert code == 6 and env["data"]["slo"]["missed"] and env["data"]["metrics"]["completed"] == 8
+
+
+def test_the_probe_verb_called_directly_reports_through_its_sink(scripted):
+    """What the tuner does: the verb with the real prober, progress as records, the result as a value."""
+    server = scripted("ok")
+    seen: list[dict] = []
+    result = probe(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{server.port}", concurrency=2, requests=5,
+                                             output_tokens="3", prompt_tokens="8", goodput=("ttft:60000",)),
+                   seen.append)
+    assert result.exit_status == 0 and result.errors == ()
+    assert result.to_dict()["metrics"]["completed"] == 5 and len(result.result.records) == 5
+    assert result.to_dict()["slo"]["met"] is True
+    kinds = [event["event"] for event in seen]
+    assert kinds == ["dsctl_note", "dsctl_probe_start"] + ["dsctl_probe_request"] * 5
+    assert seen[0]["msg"].startswith(f"probing http://127.0.0.1:{server.port}/v1/completions (model scripted)")
+    assert seen[1]["total"] == 5 and all(event["success"] for event in seen[2:])

@@ -432,6 +432,7 @@ def run_playbook(
     tags: str | None = None,
     forks: int | None = None,
     extra_vars: dict | None = None,
+    vault: VaultOptions | None = None,
     on_event: EventHandler | None = None,
     artifacts_dir: Path | None = None,
     timeout: float | None = None,

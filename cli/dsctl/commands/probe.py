@@ -7,82 +7,20 @@ reached or every measured request failed (7 when every one of them timed out); 2
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from dsctl import ui
-from dsctl.adapters.probe_client import Load, ProbeClient, ProbeError, ProbeRun, RunResult, Target, Timeouts
-from dsctl.core.load import arrivals, probe_metrics
-from dsctl.core.load.probe_metrics import RequestRecord, SloWatch
-from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, load_prompts, request_body
-from dsctl.errors import DsctlError, ExitStatus, UsageError
-
-DEFINITIONS = ("vllm bench serve (vllm/benchmarks/serve.py::calculate_metrics): TTFT = first choice-bearing SSE "
-               "message - send; ITL = all inter-message gaps; E2EL = last message - send; TPOT = (E2EL - TTFT) / "
-               "(output tokens - 1) for requests with > 1 token; percentiles interpolate linearly; failed requests "
-               "excluded from latencies; client queue time kept apart")
-DEFAULT_REQUESTS = 100
-WARMUP_BASE = 1_000_000_000  # workload indices of warm-up requests, so they never share a measured prompt
-
-
-@dataclass
-class ProbeConfig:
-    url: str
-    endpoint: str = "completions"
-    model: str | None = None
-    rate: float | None = None
-    concurrency: int | None = None
-    arrival: str | None = None
-    burstiness: float | None = None
-    ramp_to: float | None = None
-    requests: int | None = None
-    duration: float | None = None
-    warmup: int = 0
-    prompt_tokens: str = "512"
-    output_tokens: str = "128"
-    prompts: Path | None = None
-    shared_prefix: float = 0.0
-    goodput: list[str] = field(default_factory=list)
-    slo_stat: str = "p90"
-    early_stop: bool = False
-    timeout: float = 300.0
-    api_key: str | None = None
-    seed: int = 0
-    ignore_eos: bool = True
-    record: Path | None = None
-
-
-@dataclass
-class Plan:
-    target: Target
-    path: str
-    spec: arrivals.ArrivalSpec | None  # None: closed loop
-    load: Load
-    workload: Workload
-    bounds_ms: dict[str, float]
-    timeouts: Timeouts
-    total_planned: int | None
-
-
-@dataclass
-class Outcome:
-    data: dict[str, Any]
-    exit_code: ExitStatus
-    errors: list[str]
-    result: RunResult
-
-
-def _usage(message: str) -> UsageError:
-    return UsageError(message)
+from dsctl.cli_options import app_context
+from dsctl.core.load import probe_metrics
+from dsctl.errors import UsageError
+from dsctl.services.probe import DEFAULT_REQUESTS, ProbeConfig, probe
+from dsctl.ui_progress import ProbeProgress
 
 
 def parse_rate(text: str | None) -> float | None:
@@ -91,284 +29,10 @@ def parse_rate(text: str | None) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise _usage(f"--rate {text!r}: expected requests per second (a number, or inf)") from None
+        raise UsageError(f"--rate {text!r}: expected requests per second (a number, or inf)") from None
     if not value > 0 or math.isnan(value):
-        raise _usage(f"--rate {text!r}: must be positive (or inf)")
+        raise UsageError(f"--rate {text!r}: must be positive (or inf)")
     return value
-
-
-def make_plan(cfg: ProbeConfig) -> Plan:
-    """Validate every option (UsageError, one line) and build what the run needs; no I/O except --prompts."""
-    try:
-        target = Target.parse(cfg.url)
-    except ValueError as exc:
-        raise _usage(str(exc)) from None
-    if cfg.endpoint not in ENDPOINTS:
-        raise _usage(f"--endpoint {cfg.endpoint!r}: expected completions or chat")
-    if cfg.rate is None and cfg.concurrency is None:
-        raise _usage("give --rate R (requests/s, or inf) or --concurrency C (a closed loop of C streams)")
-    if cfg.concurrency is not None and cfg.concurrency < 1:
-        raise _usage(f"--concurrency {cfg.concurrency}: must be at least 1")
-    if cfg.requests is not None and cfg.requests < 1:
-        raise _usage(f"--requests {cfg.requests}: must be at least 1")
-    if cfg.duration is not None and not cfg.duration > 0:
-        raise _usage(f"--duration {cfg.duration:g}: must be a positive number of seconds")
-    if cfg.warmup < 0:
-        raise _usage(f"--warmup {cfg.warmup}: must not be negative")
-    if not cfg.timeout > 0:
-        raise _usage(f"--timeout {cfg.timeout:g}: must be a positive number of seconds")
-    if not 0.0 <= cfg.shared_prefix <= 1.0:
-        raise _usage(f"--shared-prefix {cfg.shared_prefix:g}: must be between 0.0 and 1.0")
-    requests = cfg.requests if cfg.requests is not None or cfg.duration is not None else DEFAULT_REQUESTS
-
-    try:
-        bounds = probe_metrics.parse_goodput(cfg.goodput)
-        probe_metrics.parse_statistic(cfg.slo_stat)
-    except ValueError as exc:
-        raise _usage(f"--goodput: {exc}" if "goodput" in str(exc) else f"--slo-stat: {exc}") from None
-    if cfg.early_stop and not bounds:
-        raise _usage("--early-stop needs SLO bounds: add --goodput ttft:MS [tpot:MS] [e2el:MS]")
-
-    try:
-        prompt_len = LengthSpec.parse(cfg.prompt_tokens, "--prompt-tokens")
-        output_len = LengthSpec.parse(cfg.output_tokens, "--output-tokens")
-        prompts = load_prompts(cfg.prompts) if cfg.prompts is not None else None
-    except ValueError as exc:
-        raise _usage(str(exc)) from None
-    if prompts and cfg.endpoint == "completions" and any("prompt" not in p for p in prompts):
-        raise _usage(f"--prompts {cfg.prompts}: chat \"messages\" entries need --endpoint chat")
-    workload = Workload(prompt_len, output_len, shared_prefix=cfg.shared_prefix, prompts=prompts, seed=cfg.seed)
-
-    spec: arrivals.ArrivalSpec | None = None
-    if cfg.rate is None:  # closed loop
-        if cfg.arrival is not None or cfg.burstiness is not None or cfg.ramp_to is not None:
-            raise _usage("--arrival/--burstiness/--ramp-to shape an open loop: they need --rate")
-        load = Load(schedule=None, concurrency=cfg.concurrency, requests=requests, duration=cfg.duration)
-        total = requests
-    else:
-        process = cfg.arrival or ("ramp" if cfg.ramp_to is not None else
-                                  "gamma" if cfg.burstiness is not None else "poisson")
-        if cfg.burstiness is not None and process in ("constant", "poisson"):
-            raise _usage(f"--burstiness applies to --arrival gamma or ramp, not {process}")
-        spec = arrivals.ArrivalSpec(process=process, rate=cfg.rate, burstiness=cfg.burstiness or 1.0,
-                                    ramp_to=cfg.ramp_to)
-        try:
-            spec.validate()
-            schedule = arrivals.schedule(spec, requests=requests, duration=cfg.duration, seed=cfg.seed)
-        except ValueError as exc:
-            raise _usage(str(exc).replace("ramp_to", "--ramp-to")) from None
-        if not schedule:
-            raise _usage(f"no request falls inside --duration {cfg.duration:g} s at --rate {cfg.rate:g}")
-        load = Load(schedule=schedule, concurrency=cfg.concurrency, requests=len(schedule), duration=cfg.duration)
-        total = len(schedule)
-    timeouts = Timeouts(total=cfg.timeout, connect=min(10.0, cfg.timeout), idle=min(60.0, cfg.timeout))
-    return Plan(target=target, path=ENDPOINTS[cfg.endpoint], spec=spec, load=load, workload=workload,
-                bounds_ms=bounds, timeouts=timeouts, total_planned=total)
-
-
-def _backstop(plan: Plan) -> float:
-    """An upper bound on the measured phase: every request is bounded by the total timeout."""
-    t = plan.timeouts.total
-    load = plan.load
-    if load.schedule is not None:
-        waves = math.ceil(len(load.schedule) / load.concurrency) if load.concurrency else 1
-        return load.schedule[-1] + waves * t + 10.0
-    if load.requests is not None:
-        bound = math.ceil(load.requests / (load.concurrency or 1)) * t + 10.0
-        return bound if load.duration is None else min(bound, load.duration + t + 10.0)
-    return (load.duration or 0.0) + t + 10.0
-
-
-async def _resolve_model(client: ProbeClient, model: str | None) -> str:
-    try:
-        status, doc = await client.get_json("/v1/models", timeout=min(10.0, client.timeouts.total))
-    except ProbeError as exc:
-        raise DsctlError(str(exc)) from None
-    if model:
-        return model
-    models = doc.get("data") if isinstance(doc, dict) else None
-    if status != 200 or not isinstance(models, list) or not models or not isinstance(models[0], dict):
-        raise DsctlError(f"{client.target.url}/v1/models answered HTTP {status} without a model list; "
-                         "pass --model NAME")
-    return str(models[0].get("id"))
-
-
-class _Progress:
-    """A rich progress bar on stderr when it is a terminal; nothing otherwise."""
-
-    def __init__(self, total: int | None, enabled: bool):
-        self.bar = None
-        self.failed = 0
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("probe"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
-                            console=ui.stderr_console(), transient=True, refresh_per_second=4)
-        self.task = self.bar.add_task("probe", total=total, failed=0)
-
-    def __enter__(self) -> _Progress:
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def advance(self, rec: RequestRecord) -> None:
-        if self.bar is None:
-            return
-        if not rec.success:
-            self.failed += 1
-        self.bar.update(self.task, advance=1, failed=self.failed)
-
-
-def describe(plan: Plan, model: str) -> str:
-    load = plan.load
-    if plan.spec is None:
-        how = f"closed loop of {load.concurrency} streams"
-    else:
-        how = f"{plan.spec.process} arrivals at {_num(plan.spec.rate)} req/s"
-        if plan.spec.ramp_to is not None:
-            how += f" ramping to {plan.spec.ramp_to:g}"
-        if load.concurrency:
-            how += f", at most {load.concurrency} in flight"
-    bound = f"{plan.total_planned} requests" if plan.total_planned is not None else f"{load.duration:g} s"
-    return f"probing {plan.target.url}{plan.path} (model {model}): {how}, {bound}"
-
-
-def execute(cfg: ProbeConfig, *, show_progress: bool | None = None,
-            announce: Callable[[str], None] | None = None, lag_samples: list[float] | None = None) -> Outcome:
-    """Run a probe end to end and return its JSON data and exit status (raises DsctlError when unreachable).
-    ``lag_samples`` (bench/probe.py) collects how late the event loop handled each read after the kernel got it."""
-    plan = make_plan(cfg)
-    watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned) if plan.bounds_ms else None
-    if show_progress is None:
-        show_progress = ui.stderr_console().is_terminal
-
-    async def main() -> tuple[str, RunResult]:
-        async with ProbeClient(plan.target, api_key=cfg.api_key, timeouts=plan.timeouts,
-                               lag_samples=lag_samples) as client:
-            model = await _resolve_model(client, cfg.model)
-            if announce is not None:
-                announce(describe(plan, model))
-                if cfg.early_stop and plan.total_planned is None:
-                    announce("note: a closed loop bounded only by --duration has no planned request count, so "
-                             "--early-stop can never be certain; add --requests")
-
-            def body(index: int) -> tuple[bytes, int]:
-                planned = plan.workload.request(index if index >= 0 else WARMUP_BASE - 1 - index)
-                return encode_body(request_body(cfg.endpoint, model, planned, ignore_eos=cfg.ignore_eos)), \
-                    planned.prompt_tokens
-
-            with _Progress(plan.total_planned, show_progress) as bar:
-                def on_finish(rec: RequestRecord) -> None:
-                    bar.advance(rec)
-                    if watch is not None:
-                        watch.add(rec)
-                        if cfg.early_stop:
-                            reason = watch.certainly_missed()
-                            if reason:
-                                run.stop(reason)
-
-                run = ProbeRun(client, plan.path, body, plan.load, warmup=cfg.warmup, on_finish=on_finish)
-                result = await run.run(backstop=_backstop(plan))
-            return model, result
-
-    model, result = asyncio.run(main())
-    if cfg.record is not None:
-        write_record(cfg.record, result)
-    return summarize(cfg, plan, model, result, watch)
-
-
-def summarize(cfg: ProbeConfig, plan: Plan, model: str, result: RunResult, watch: SloWatch | None) -> Outcome:
-    metrics = probe_metrics.calculate_metrics(result.records, result.duration, plan.bounds_ms or None)
-    errors: list[str] = []
-    slo: dict[str, Any] | None = None
-    code = ExitStatus.OK
-    if watch is not None:
-        missed = watch.missed()
-        met = not missed and result.stopped is None
-        values = {k: ("inf" if v is not None and math.isinf(v) else v) for k, v in watch.values().items()}
-        slo = {"bounds_ms": plan.bounds_ms, "statistic": watch.statistic, "values_ms": values,
-               "met": met, "missed": missed, "early_stop": cfg.early_stop,
-               "early_stopped": result.stopped is not None, "reason": result.stopped,
-               "failed_requests_count_as_misses": True}
-        if not met:
-            code = ExitStatus.SLO_NOT_MET
-            errors.append("SLO missed: " + (result.stopped or "; ".join(missed)))
-    if result.backstop_hit and code == ExitStatus.OK:
-        code = ExitStatus.TIMEOUT
-        errors.append("the probe hit its overall time limit; unfinished requests counted as timeouts")
-    failed = [r for r in result.records if not r.success and not r.cancelled]
-    if metrics["completed"] == 0 and failed:
-        all_timeouts = all(r.error == probe_metrics.ErrorClass.TIMEOUT for r in failed)
-        code = ExitStatus.TIMEOUT if all_timeouts else ExitStatus.ERROR
-        first = failed[0]
-        errors.insert(0, f"every request to {plan.target.url} failed ({first.error}: {first.error_detail})")
-    warm_failed = sum(1 for r in result.warmup if not r.success)
-    data = {
-        "target": {"url": plan.target.url, "endpoint": plan.path, "model": model},
-        "config": config_dict(cfg, plan),
-        "definitions": DEFINITIONS,
-        "metrics": metrics,
-        "slo": slo,
-        "warmup": {"requests": len(result.warmup), "failed": warm_failed},
-        "failure_examples": [{"id": r.request_id, "class": str(r.error), "detail": r.error_detail}
-                             for r in failed[:5]],
-    }
-    return Outcome(data=data, exit_code=code, errors=errors, result=result)
-
-
-def config_dict(cfg: ProbeConfig, plan: Plan) -> dict[str, Any]:
-    spec = plan.spec
-    return {  # never the API key
-        "load": "closed_loop" if spec is None else "open_loop",
-        "arrival": None if spec is None else spec.process,
-        "rate": None if spec is None else _num(spec.rate),
-        "burstiness": None if spec is None or spec.process in ("constant", "poisson") else _num(spec.burstiness),
-        "ramp_to": None if spec is None else spec.ramp_to,
-        "concurrency": plan.load.concurrency,
-        "requests_planned": plan.total_planned,
-        "duration_limit_s": cfg.duration,
-        "warmup": cfg.warmup,
-        "prompt_tokens": str(plan.workload.prompt_len) if cfg.prompts is None else None,
-        "output_tokens": str(plan.workload.output_len),
-        "prompts_file": None if cfg.prompts is None else str(cfg.prompts),
-        "shared_prefix": cfg.shared_prefix,
-        "ignore_eos": cfg.ignore_eos,
-        "seed": cfg.seed,
-        "timeout_s": cfg.timeout,
-        "api_key_set": bool(cfg.api_key),
-    }
-
-
-def _num(value: float) -> float | str:
-    return "inf" if math.isinf(value) else value
-
-
-def write_record(path: Path, result: RunResult) -> None:
-    """One JSON line per measured request, times in wall-clock seconds (time.time()) and ms offsets."""
-    off = result.perf_to_wall
-    lines = []
-    for r in result.records:
-        sent = None if math.isnan(r.sent) else r.sent + off
-        lines.append(json.dumps({
-            "id": r.request_id, "scheduled": r.scheduled + off, "sent": sent,
-            "first_token_time": r.chunk_times[0] + off if r.chunk_times else None,
-            "finish_time": None if math.isnan(r.end) else r.end + off,
-            "ttft_ms": r.ttft * 1e3 if r.success else None, "e2el_ms": r.e2el * 1e3 if r.success else None,
-            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_len if r.success else None,
-            "messages": len(r.chunk_times), "status": r.status, "success": r.success,
-            "error": None if r.error is None else str(r.error), "error_detail": r.error_detail or None,
-            "cancelled": r.cancelled,
-        }))
-    try:
-        path.write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
-    except OSError as exc:
-        raise DsctlError(f"--record {path}: {exc.strerror or exc}") from None
 
 
 # -- rendering ----------------------------------------------------------------------------------------------
@@ -436,6 +100,7 @@ def render(data: dict[str, Any]) -> None:
 
 
 def run(
+    ctx: typer.Context,
     target: Annotated[list[str], typer.Argument(
         metavar="URL", help="Server base URL, e.g. http://HOST:8000 (a trailing /v1 is fine). Terms such as "
                             "tpot:50 after --goodput ttft:200 are read as more --goodput terms, as vLLM allows.")],
@@ -499,17 +164,18 @@ def run(
         url=urls[0], endpoint=endpoint, model=model, rate=parse_rate(rate), concurrency=concurrency,
         arrival=arrival, burstiness=burstiness, ramp_to=ramp_to, requests=requests, duration=duration,
         warmup=warmup, prompt_tokens=prompt_tokens, output_tokens=output_tokens, prompts=prompts,
-        shared_prefix=shared_prefix, goodput=terms, slo_stat=slo_stat, early_stop=early_stop, timeout=timeout,
+        shared_prefix=shared_prefix, goodput=tuple(terms), slo_stat=slo_stat, early_stop=early_stop, timeout=timeout,
         api_key=api_key, seed=seed, ignore_eos=ignore_eos, record=record,
     )
     started = time.perf_counter()
-    outcome = execute(cfg, announce=None if as_json else ui.progress)
+    with ProbeProgress(notes=not as_json) as progress:
+        result = probe(app_context(ctx).prober, cfg, progress)
     if as_json:
-        ui.emit_json(["probe"], outcome.data, exit_code=int(outcome.exit_code), errors=outcome.errors)
+        ui.emit_json(["probe"], result.to_dict(), exit_code=int(result.exit_status), errors=result.errors)
     else:
-        render(outcome.data)
-        for line in outcome.errors:
+        render(result.data)
+        for line in result.errors:
             print(f"dsctl: {line}", file=sys.stderr)
         ui.progress(f"probe finished in {time.perf_counter() - started:.1f} s")
-    if outcome.exit_code:
-        raise typer.Exit(int(outcome.exit_code))
+    if result.exit_status:
+        raise typer.Exit(int(result.exit_status))

@@ -1,0 +1,70 @@
+"""`dsctl check`: a read-only audit of every host, one sentence and fix per problem."""
+
+from __future__ import annotations
+
+import typer
+
+from dsctl import ui
+from dsctl.cli_options import (
+    AskVaultOption,
+    InventoryArg,
+    JsonOption,
+    LimitOption,
+    VaultFileOption,
+    VerboseOption,
+    app_context,
+    vault_options,
+)
+from dsctl.services.check import PLAYBOOK, CheckInputs, CheckResult, check
+from dsctl.services.runs import versions_summary
+from dsctl.ui_progress import playbook_progress
+
+COLUMNS = ["host", "status", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "NPUs", "health", "HBM MB"]
+
+
+def run(
+    ctx: typer.Context,
+    inventory: InventoryArg,
+    limit: LimitOption = None,
+    vault_password_file: VaultFileOption = None,
+    ask_vault_pass: AskVaultOption = False,
+    verbose: VerboseOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Read-only audit of every host: versions, NPUs, pending reboot, env drift, incompatibilities with fixes."""
+    runner = app_context(ctx).runner
+    with vault_options(vault_password_file, ask_vault_pass, PLAYBOOK) as (vault, artifacts):
+        inputs = CheckInputs(inventory=inventory, limit=limit, vault=vault, artifacts_dir=artifacts)
+        with playbook_progress(verbose=verbose) as progress:
+            result = check(runner, inputs, progress)
+    code = int(result.exit_status)
+    if as_json:
+        ui.emit_json(["check"], result.to_dict(), exit_code=code, errors=result.errors)
+        raise typer.Exit(code)
+    _render(result)
+    raise typer.Exit(code)
+
+
+def _render(result: CheckResult) -> None:
+    table_rows = []
+    for row in result.hosts:
+        versions = versions_summary(row)
+        npus = row.get("npus", {})
+        chips = "/".join(npus.get("chips", []) or []) or "-"
+        unhealthy = ", ".join(f"NPU {u['npu']} {u['health']}" for u in npus.get("unhealthy", [])) or "all OK"
+        hbm = f"{npus.get('hbm_used_mb', 0)}/{npus.get('hbm_total_mb', 0)}" if npus else "-"
+        table_rows.append([row["host"], row["status"], versions["driver"], versions["firmware"],
+                           versions["cann"] + (f" (+{versions['cann_others']})" if versions["cann_others"] else ""),
+                           versions["torch_npu"], versions["vllm_ascend"],
+                           f"{npus.get('count', '-')} x {chips}" if npus else "-", unhealthy if npus else "-", hbm])
+    ui.print_table(f"dsctl check: {len(result.hosts)} hosts", COLUMNS, table_rows)
+    out = ui.stdout_console()
+    for row in result.hosts:
+        for finding in row.get("findings", []):
+            if finding["severity"] == "info":
+                continue
+            out.print(f"{row['host']}: {finding['severity']}: {finding['sentence']} Fix: {finding['fix']}",
+                      markup=False, soft_wrap=True)
+    console = ui.stderr_console()
+    for line in result.errors:
+        console.print(line, markup=False, soft_wrap=True)

@@ -1,0 +1,56 @@
+"""`dsctl provision`: driver, firmware, CANN, the NPU environment and the serving stack on every host."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dsctl import ui
+from dsctl.cli_options import (
+    AskVaultOption,
+    CheckOption,
+    DiffOption,
+    InventoryArg,
+    JsonOption,
+    LimitOption,
+    VaultFileOption,
+    VerboseOption,
+    app_context,
+    vault_options,
+)
+from dsctl.services.provision import PLAYBOOK, ProvisionInputs, provision
+from dsctl.ui_progress import playbook_progress
+
+COLUMNS = ["host", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "changed", "status"]
+
+
+def run(
+    ctx: typer.Context,
+    inventory: InventoryArg,
+    limit: LimitOption = None,
+    check: CheckOption = False,
+    diff: DiffOption = False,
+    tags: Annotated[str | None, typer.Option("--tags", help="Only tasks with these Ansible tags.")] = None,
+    forks: Annotated[int | None, typer.Option("--forks", min=1, help="Hosts worked on in parallel.")] = None,
+    vault_password_file: VaultFileOption = None,
+    ask_vault_pass: AskVaultOption = False,
+    verbose: VerboseOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Install driver, firmware, CANN, the NPU environment and the serving stack; validate every host."""
+    runner = app_context(ctx).runner
+    with vault_options(vault_password_file, ask_vault_pass, PLAYBOOK) as (vault, artifacts):
+        inputs = ProvisionInputs(inventory=inventory, limit=limit, check=check, diff=diff, tags=tags, forks=forks,
+                                 vault=vault, artifacts_dir=artifacts)
+        with playbook_progress(verbose=verbose) as progress:
+            result = provision(runner, inputs, progress)
+    code = int(result.exit_status)
+    if as_json:
+        ui.emit_json(["provision"], result.to_dict(), exit_code=code, errors=result.errors)
+        raise typer.Exit(code)
+    ui.print_table(f"dsctl provision{' --check' if check else ''}: {len(result.hosts)} hosts", COLUMNS,
+                   [[h.host, h.driver, h.firmware, h.cann, h.torch_npu, h.vllm_ascend, h.changed, h.status]
+                    for h in result.hosts])
+    ui.print_run_tail(result.errors, rerun=result.rerun, command="provision", inventory=inventory, log=result.run.log)
+    raise typer.Exit(code)

@@ -1,0 +1,66 @@
+"""The check verb: a read-only audit of every host (versions, NPUs, pending reboot, env drift, fixes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsctl.adapters.ansible_run import PlaybookRun
+from dsctl.adapters.inventory import VaultOptions
+from dsctl.errors import ExitStatus
+from dsctl.services.fleet import check_playbook_options, load_fleet
+from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
+from dsctl.services.runs import REPORT_FACT, failure_lines
+
+PLAYBOOK = "check.yml"
+
+
+@dataclass(frozen=True)
+class CheckInputs:
+    inventory: Path
+    limit: str | None = None
+    vault: VaultOptions | None = None
+    artifacts_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        check_playbook_options(vault=self.vault)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    # Per host: {"host": name, **the ascend_validate report} (status, versions, npus, findings, ...).
+    hosts: tuple[dict[str, Any], ...]
+    exit_status: ExitStatus
+    errors: tuple[str, ...]
+    run: PlaybookRun = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hosts": [dict(host) for host in self.hosts], "artifacts": str(self.run.artifacts)}
+
+
+def exit_status_of(statuses: list[str]) -> ExitStatus:
+    """5 when the only trouble is unreachable hosts, 3 when any host has an error or waits for a reboot."""
+    if "unreachable" in statuses and not any(s in ("error", "failed") for s in statuses):
+        return ExitStatus.HOSTS_UNREACHABLE
+    if any(s in ("error", "failed", "pending-reboot", "unreachable") for s in statuses):
+        return ExitStatus.VALIDATION_FAILED
+    return ExitStatus.OK
+
+
+def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = no_progress) -> CheckResult:
+    load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
+    # --check as well: the audit play only reads, and Ansible's check mode makes that a guarantee.
+    run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=True, vault=inputs.vault,
+                     on_event=progress, artifacts_dir=inputs.artifacts_dir)
+    rows: list[dict[str, Any]] = []
+    for name in sorted(run.hosts):
+        outcome = run.hosts[name]
+        report = outcome.facts.get(REPORT_FACT)
+        if outcome.status == "unreachable" or report is None:
+            rows.append({"host": name, "status": outcome.status if outcome.status != "ok" else "error",
+                         "findings": [], "versions": {}, "npus": {}})
+            continue
+        rows.append({"host": name, **report})
+    return CheckResult(hosts=tuple(rows), exit_status=exit_status_of([row["status"] for row in rows]),
+                       errors=tuple(failure_lines(run)), run=run)

@@ -1,0 +1,43 @@
+"""Read and validate a fleet before any play runs: the inventory's hosts, their settings and desired stacks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsctl.adapters import inventory as inventory_adapter
+from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.fleet import inventory_schema
+from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The hosts' merged variables (as Ansible sees them) and their validated settings, read once."""
+
+    hostvars: dict[str, dict[str, Any]]
+    settings: dict[str, HostSettings]
+
+    def address(self, host: str) -> str:
+        return str(self.hostvars.get(host, {}).get("ansible_host", host))
+
+
+def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str | None = None) -> Fleet:
+    """Schema and matrix check of every host (one-line error, exit 2 or 3); no host is contacted."""
+    hostvars = inventory_adapter.host_vars(inventory, vault=vault, limit=limit)
+    return Fleet(hostvars=hostvars, settings=inventory_schema.validate_fleet(hostvars))
+
+
+def check_playbook_options(*, forks: int | None = None, serial: int | None = None, tags: str | None = None,
+                           vault: VaultOptions | None = None) -> None:
+    """What Typer checks on the command line, checked again for callers from Python (the tuner)."""
+    if forks is not None and forks < 1:
+        raise UsageError(f"--forks: {forks} should be at least 1")
+    if serial is not None and serial < 1:
+        raise UsageError(f"--serial: {serial} should be at least 1")
+    if tags is not None and not tags.strip():
+        raise UsageError("--tags: empty; name at least one tag or leave the option out")
+    if vault is not None and vault.password_file is not None and not Path(vault.password_file).is_file():
+        raise UsageError(f"--vault-password-file: {vault.password_file} is not a file")

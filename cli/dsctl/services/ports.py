@@ -1,0 +1,48 @@
+"""The side effects a verb drives, as small protocols: tests and the tuner hand in the real ones (services.runtime).
+
+A progress sink gets dicts: the dsctl_events records of a playbook run (playbooks/callback_plugins/dsctl_events.py)
+as they arrive, and the verbs' own records, whose ``event`` key starts with ``dsctl_`` (see the verbs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from dsctl.adapters.ansible_run import PlaybookRun
+from dsctl.adapters.inventory import VaultOptions
+from dsctl.adapters.probe_client import Load, RunResult, Target, Timeouts
+from dsctl.core.load.probe_metrics import RequestRecord
+
+
+class ProgressSink(Protocol):
+    def __call__(self, event: Mapping[str, Any]) -> None: ...
+
+
+def no_progress(event: Mapping[str, Any]) -> None:
+    """A sink that drops everything (callers that only want the result)."""
+
+
+class PlaybookRunner(Protocol):
+    def run(self, playbook: str, inventory: Path, *, limit: str | None = None, check: bool = False,
+            diff: bool = False, tags: str | None = None, forks: int | None = None,
+            extra_vars: Mapping[str, Any] | None = None, vault: VaultOptions | None = None,
+            on_event: ProgressSink | None = None, artifacts_dir: Path | None = None) -> PlaybookRun:
+        """Run one of dsctl's playbooks to the end; KeyboardInterrupt stops it and is re-raised."""
+        ...
+
+
+# Per measured request, after it finished: a reason to stop the whole probe (early stop), or None.
+FinishHook = Callable[[RequestRecord], str | None]
+# (model, workload index) -> (request body, prompt tokens).
+BodyMaker = Callable[[str, int], tuple[bytes, int]]
+
+
+class Prober(Protocol):
+    def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None, timeouts: Timeouts,
+              load: Load, warmup: int, body: BodyMaker, backstop: float, on_model: Callable[[str], None],
+              on_finish: FinishHook, lag_samples: list[float] | None = None) -> tuple[str, RunResult]:
+        """Resolve the model (``model`` or the first of /v1/models), call ``on_model``, run the load;
+        return (model, result). Raises DsctlError when the server cannot be used at all."""
+        ...

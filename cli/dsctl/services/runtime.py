@@ -1,0 +1,71 @@
+"""The real ports: ansible-playbook through dsctl.adapters.ansible_run, HTTP through dsctl.adapters.probe_client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsctl.adapters import ansible_run
+from dsctl.adapters.inventory import VaultOptions
+from dsctl.adapters.probe_client import Load, ProbeClient, ProbeError, ProbeRun, RunResult, Target, Timeouts
+from dsctl.errors import DsctlError
+from dsctl.services.ports import BodyMaker, FinishHook, ProgressSink
+
+MODELS_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class AnsiblePlaybookRunner:
+    """`PlaybookRunner` over dsctl's own ansible-playbook; ``timeout`` bounds every run (None: unbounded)."""
+
+    timeout: float | None = None
+
+    def run(self, playbook: str, inventory: Path, *, limit: str | None = None, check: bool = False,
+            diff: bool = False, tags: str | None = None, forks: int | None = None,
+            extra_vars: Mapping[str, Any] | None = None, vault: VaultOptions | None = None,
+            on_event: ProgressSink | None = None, artifacts_dir: Path | None = None) -> ansible_run.PlaybookRun:
+        return ansible_run.run_playbook(playbook, inventory, limit=limit, check=check, diff=diff, tags=tags,
+                                        forks=forks, extra_vars=dict(extra_vars) if extra_vars else None,
+                                        vault=vault, on_event=on_event, artifacts_dir=artifacts_dir,
+                                        timeout=self.timeout)
+
+
+async def _resolve_model(client: ProbeClient, model: str | None) -> str:
+    try:
+        status, doc = await client.get_json("/v1/models", timeout=min(MODELS_TIMEOUT_S, client.timeouts.total))
+    except ProbeError as exc:
+        raise DsctlError(str(exc)) from None
+    if model:
+        return model
+    models = doc.get("data") if isinstance(doc, dict) else None
+    if status != 200 or not isinstance(models, list) or not models or not isinstance(models[0], dict):
+        raise DsctlError(f"{client.target.url}/v1/models answered HTTP {status} without a model list; "
+                         "pass --model NAME")
+    return str(models[0].get("id"))
+
+
+@dataclass(frozen=True)
+class HttpProber:
+    """`Prober` over dsctl's streaming OpenAI client (one asyncio loop per probe)."""
+
+    def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None, timeouts: Timeouts,
+              load: Load, warmup: int, body: BodyMaker, backstop: float, on_model: Callable[[str], None],
+              on_finish: FinishHook, lag_samples: list[float] | None = None) -> tuple[str, RunResult]:
+        async def main() -> tuple[str, RunResult]:
+            async with ProbeClient(target, api_key=api_key, timeouts=timeouts, lag_samples=lag_samples) as client:
+                resolved = await _resolve_model(client, model)
+                on_model(resolved)
+
+                def finished(rec) -> None:
+                    reason = on_finish(rec)
+                    if reason:
+                        run.stop(reason)
+
+                run = ProbeRun(client, path, lambda index: body(resolved, index), load, warmup=warmup,
+                               on_finish=finished)
+                return resolved, await run.run(backstop=backstop)
+
+        return asyncio.run(main())

@@ -1,0 +1,56 @@
+"""A stand-in ansible-playbook for the CLI tests: it records its argv and appends scripted dsctl_events lines.
+
+Everything else stays real: dsctl's runner (adapters.ansible_run, the real AnsiblePlaybookRunner), its event
+tail, ansible-inventory reading the inventory, the schema and the planner.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from dsctl.adapters import ansible_run
+
+FAKE_ANSIBLE = """\
+#!{python}
+import json, os, sys, time
+spec = json.load(open(os.environ["FAKE_SPEC"]))
+open(os.environ["FAKE_ARGV"], "w").write(json.dumps(sys.argv))
+open(os.environ["FAKE_ARGV"] + ".pid", "w").write(str(os.getpid()))
+if "--vault-password-file" in sys.argv:  # what the password file held while the playbook ran
+    vault = sys.argv[sys.argv.index("--vault-password-file") + 1]
+    open(os.environ["FAKE_ARGV"] + ".vault", "w").write(open(vault).read())
+print(spec.get("log", "PLAY [fake]"), flush=True)
+with open(os.environ["DSCTL_EVENTS_FILE"], "a") as events:
+    for event in spec["events"]:
+        line = json.dumps(event) + "\\n"
+        events.write(line[:10]); events.flush(); time.sleep(0.01)  # a half-written line must wait
+        events.write(line[10:]); events.flush()
+time.sleep(spec.get("sleep", 0))
+sys.exit(spec["rc"])
+"""
+
+
+@pytest.fixture
+def fake_ansible(tmp_path, monkeypatch):
+    binary = tmp_path / "bin" / "ansible-playbook"
+    binary.parent.mkdir()
+    binary.write_text(FAKE_ANSIBLE.format(python=sys.executable))
+    binary.chmod(0o755)
+    monkeypatch.setattr(ansible_run, "ansible_playbook_bin", lambda: binary)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("FAKE_ARGV", str(tmp_path / "argv.json"))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all: {}\n")
+
+    def configure(rc, events, **extra):
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"rc": rc, "events": events, **extra}))
+        monkeypatch.setenv("FAKE_SPEC", str(spec))
+        return inventory
+
+    configure.argv = lambda: json.loads((tmp_path / "argv.json").read_text())
+    configure.vault_seen = lambda: (tmp_path / "argv.json.vault").read_text()
+    return configure
