@@ -45,6 +45,7 @@ class RateSearchResult:
     lowest_missing: float | None  # the lowest rate that missed; None: max_rate held
     probes: tuple[RateProbe, ...]
     stopped: str
+    confirmed: bool = True  # False: the probe budget ran out before ``rate`` could be repeated
 
     @property
     def metrics(self) -> Mapping[str, Any] | None:
@@ -118,14 +119,22 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
             return RateSearchResult(None, hi, tuple(probes), f"even {min_rate:g} req/s misses the SLO"
                                     if hi is not None and hi <= min_rate else "no rate held within the probe budget")
         # 3. confirm
-        confirmed = True
+        confirmed, missed = True, False
         for _ in range(repeats):
             if len(probes) >= max_probes:
-                break
-            if not run(lo, repeat=True).met:
                 confirmed = False
                 break
-        if confirmed:
+            if not run(lo, repeat=True).met:
+                missed = True
+                break
+        if not confirmed:
+            # out of probes before the repeat: fall back to the highest rate that was repeated and held, if any
+            safe = [p.rate for p in probes if p.repeat and p.met and p.rate < lo and not _missed_at(probes, p.rate)]
+            if safe:
+                return RateSearchResult(max(safe), hi, tuple(probes), "probe budget spent; reporting the highest "
+                                        "rate that held on a repeat")
+            return RateSearchResult(lo, hi, tuple(probes), "probe budget spent before a repeat", confirmed=False)
+        if not missed:
             if hi is None:
                 stopped = f"max_rate {max_rate:g} req/s holds" if lo >= max_rate else "probe budget spent"
             elif hi / lo - 1 <= rel_tol:

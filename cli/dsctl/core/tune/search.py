@@ -282,7 +282,8 @@ class Search:
         if resume and study_name not in existing:
             raise UsageError(f"--resume: no study {study_name!r} in the journal; start a new tune without --resume")
         self.study = optuna.create_study(study_name=study_name, storage=storage, direction="maximize",
-                                         load_if_exists=resume, sampler=_sampler(settings.seed, self.n_startup, settings.strategy))
+                                         load_if_exists=resume,
+                                         sampler=_sampler(settings.seed, self.n_startup, settings.strategy))
         if resume:
             if self.study.user_attrs.get("fingerprint") != fingerprint:
                 raise UsageError("--resume: the study was started with another space, SLO or objective; resume with "
@@ -502,7 +503,7 @@ class Search:
                     self._tell(trial, self._record(candidate, evaluated=True, failure=outcome.failure,
                                                    detail=outcome.detail, outcome=outcome, started=started))
         except KeyboardInterrupt:
-            for trial, candidate, _started in running.values():
+            for trial, _candidate, _started in running.values():
                 trial.set_user_attr("dsctl_interrupted", True)
                 self.study.tell(trial, state=TrialState.FAIL)
             raise

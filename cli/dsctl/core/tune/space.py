@@ -290,8 +290,12 @@ def _check_against_registry(space: str, knob: Knob, entry: Mapping[str, Any]) ->
     if knob.kind != expected and not (knob.kind == "categorical" and entry["type"] in ("int", "float", "bool")):
         raise ValueError(f"{where}: knob type {knob.kind} does not match the registry's {entry['type']}")
     for value in _probe_values(knob):
-        if service._param_value(knob.param, entry, value, f"params.{knob.param}") != value:
-            raise ValueError(f"{where}: {value!r} is normalised by the registry")
+        try:
+            checked = service._param_value(knob.param, entry, value, f"params.{knob.param}")
+        except service.ServiceError as problem:
+            raise ValueError(f"{where}: {value!r} is outside the registry's range ({problem})") from None
+        if checked != value:
+            raise ValueError(f"{where}: {value!r} is normalised by the registry to {checked!r}")
 
 
 def _probe_values(knob: Knob) -> tuple[Any, ...]:
