@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from dsctl.core.tune.pareto import TrialRecord, pareto_front, plot
+from dsctl.core.tune.pareto import TrialRecord, pareto_front, plot, read_trials, write_trials
 
 
 def record(number: int, goodput: float | None, ttft: float | None, *, feasible: bool = True, npus: int = 4,
@@ -44,3 +44,11 @@ def test_plot_writes_a_png(tmp_path: Path):
     out = plot(records, tmp_path / "run" / "pareto.png", winner=records[0], slo_bound=200.0)
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_trials_file_round_trips(tmp_path: Path):
+    records = [record(1, 30.0, 100.0), record(0, None, None, feasible=False, failure="aclrtmalloc")]
+    path = write_trials(records, tmp_path / "run" / "trials.jsonl")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["number"] == 0
+    assert [r.failure for r in read_trials(path)] == ["aclrtmalloc", None]

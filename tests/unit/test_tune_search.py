@@ -326,3 +326,27 @@ def test_settings_are_checked():
         SearchSettings(budget=0).check()
     with pytest.raises(UsageError, match="--objective"):
         SearchSettings(budget=1, objective="latency").check()
+
+
+def test_ctrl_c_marks_running_trials_interrupted_and_resume_evaluates_them(tmp_path: Path):
+    calls = {"n": 0}
+    asked = []
+
+    def interrupted_at_fourth(candidate):
+        calls["n"] += 1
+        asked.append(candidate.params)
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return evaluate(candidate)
+
+    journal = tmp_path / "study.journal"
+    first = run_study(budget=8, storage=journal_storage(journal), evaluator=interrupted_at_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    stale = [t for t in first.study.get_trials() if t.user_attrs.get("dsctl_interrupted")]
+    assert len(stale) == 1 and stale[0].state.name == "FAIL"
+    resumed_calls = []
+    result = run_study(budget=8, storage=journal_storage(journal), resume=True,
+                       evaluator=lambda c: resumed_calls.append(c.params) or evaluate(c)).run()
+    assert resumed_calls[0] == asked[3]  # the interrupted candidate is evaluated first, once
+    assert result.counts["evaluated"] == 8 and len(set(deployments(result))) == 8

@@ -8,13 +8,14 @@ gives the run directory's ``trials.jsonl`` line; ``from_dict`` reads it back.
 The Pareto front is over evaluated trials that produced metrics: maximise goodput (the objective) per NPU, minimise
 the SLO statistic (the binding SLO's value; by default the first SLO's).  `plot` writes it as a PNG with
 matplotlib's Agg backend (no display): feasible trials as dots, infeasible ones as crosses, the front as a
-line, the winner ringed.  That function writes the file; everything else here is pure.
+line, the winner ringed.  `plot` and `write_trials` write files; everything else here is pure.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -90,6 +91,23 @@ def _finite(value: Any) -> Any:
 
 def _unfinite(value: Any) -> Any:
     return float(value) if value in ("inf", "-inf", "nan") else value
+
+
+def write_trials(records: Sequence[TrialRecord], path: Path) -> Path:
+    """``trials.jsonl``: one line per trial, by number, written atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    with temp.open("w", encoding="utf-8") as out:
+        for record in sorted(records, key=lambda r: r.number):
+            out.write(record.to_json_line() + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temp, path)
+    return path
+
+
+def read_trials(path: Path) -> list[TrialRecord]:
+    return [TrialRecord.from_json_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 # --------------------------------------------------------------------------- the front

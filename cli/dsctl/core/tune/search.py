@@ -471,7 +471,8 @@ class Search:
                     trial.set_user_attr("dsctl_evaluating", True)
                     trial.set_user_attr("dsctl_deploys", {**candidate.params, **candidate.fields})
                     if self.on_event is not None:
-                        self.on_event("started", self._record(candidate, evaluated=False, failure=None))
+                        self.on_event("started", self._record(candidate, evaluated=False, failure=None,
+                                                             detail="running"))
                     running[pool.submit(self._evaluate, candidate)] = (trial, candidate, self.clock())
                 if not running:
                     if out_of_time:
@@ -493,13 +494,14 @@ class Search:
                     stopped = "wall-time limit reached"
                     break
                 for future in done:
-                    trial, candidate, started = running.pop(future)
-                    free_slots.append(candidate.slot)
-                    free_slots.sort()
+                    trial, candidate, started = running[future]
                     try:
                         outcome = future.result()
                     except Exception as crash:  # the evaluator's own failure is a result too, never a stop
                         outcome = Outcome(failure=Failure.ERROR, detail=f"{type(crash).__name__}: {crash}")
+                    running.pop(future)
+                    free_slots.append(candidate.slot)
+                    free_slots.sort()
                     self._tell(trial, self._record(candidate, evaluated=True, failure=outcome.failure,
                                                    detail=outcome.detail, outcome=outcome, started=started))
         except KeyboardInterrupt:
