@@ -350,3 +350,32 @@ def test_ctrl_c_marks_running_trials_interrupted_and_resume_evaluates_them(tmp_p
                        evaluator=lambda c: resumed_calls.append(c.params) or evaluate(c)).run()
     assert resumed_calls[0] == asked[3]  # the interrupted candidate is evaluated first, once
     assert result.counts["evaluated"] == 8 and len(set(deployments(result))) == 8
+
+
+def test_two_level_loop_config_search_over_rate_search():
+    """The outer search over configurations, the inner search over the rate (as the live tune does): the winner
+    is the configuration whose highest SLO-holding rate gives the most goodput, and its rate is reported."""
+    from dsctl.core.tune.rate_search import search_rate, to_outcome
+
+    def evaluate_with_rate(candidate):
+        shape = landscape(candidate.params)
+        if shape.failure is not None:
+            return shape
+        capacity = shape.metrics["request_throughput"]
+        floor = shape.metrics["ttft_ms"]["p99"] * 0.5  # an idle server's TTFT for this configuration
+
+        def probe(rate):
+            load = rate / capacity
+            ttft = floor * (1 + 3 * load ** 3) if load < 1 else 10 * floor * load
+            return metrics(ttft, min(rate, capacity))
+
+        result = search_rate(probe, SLOS, start=1.0, min_rate=0.1, max_rate=1000.0, max_probes=12)
+        return to_outcome(result)
+
+    result = run_study(budget=12, evaluator=evaluate_with_rate).run()
+    best = result.best
+    assert best is not None and best.rate is not None and best.margin <= 0
+    assert best.context["rate_search"]["confirmed"]
+    assert best.objective == pytest.approx(best.metrics["request_goodput"])
+    measured = [t for t in result.trials if t.evaluated and t.failure not in {f.value for f in CRASHES}]
+    assert all(t.rate is not None for t in measured)

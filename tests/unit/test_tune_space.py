@@ -159,3 +159,8 @@ def test_baseline_from_current_params_and_containment():
     assert base["maxQueueDelayMicroseconds"] == 5000  # MindIE's registry default
     outside = space.violations({**base, "maxBatchSize": 5})
     assert outside == ["maxBatchSize: 5 outside 10:1000:log"]
+
+
+def test_baseline_of_flags_left_out_is_the_engines_own_value():
+    space = resolve_space("fixed-batch")
+    assert space.baseline({"max_num_seqs": 16}) == {"batch_size": 16, "stream_num": 1, "kv_sparse_threshold": 0.0}

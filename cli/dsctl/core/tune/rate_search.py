@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsctl.core.tune import slo as slo_mod
+from dsctl.core.tune.search import Outcome
 
 Probe = Callable[[float], Mapping[str, Any]]  # rate (req/s) -> probe_metrics.calculate_metrics summary
 
@@ -58,6 +59,24 @@ class RateSearchResult:
     def closest(self) -> RateProbe | None:
         """With no rate holding: the probe nearest to the SLO (for "the binding constraint" in the report)."""
         return min(self.probes, key=lambda p: p.margin) if self.probes else None
+
+
+def to_outcome(result: RateSearchResult, **data: Any) -> Outcome:
+    """The search driver's `Outcome` for a rate search: the metrics at the highest rate that held (the objective
+    then comes from them: goodput or throughput at that rate), or, when none held, the probe nearest to the SLO
+    (recorded as an SLO miss with its binding constraint)."""
+    if result.rate is not None:
+        return Outcome(metrics=result.metrics, rate=result.rate, data={"rate_search": _summary(result), **data})
+    closest = result.closest
+    return Outcome(metrics=None if closest is None else closest.metrics,
+                   rate=None if closest is None else closest.rate, detail=result.stopped,
+                   data={"rate_search": _summary(result), **data})
+
+
+def _summary(result: RateSearchResult) -> dict[str, Any]:
+    return {"rate": result.rate, "lowest_missing": result.lowest_missing, "stopped": result.stopped,
+            "confirmed": result.confirmed,
+            "probes": [{"rate": p.rate, "met": p.met, "margin": p.margin, "repeat": p.repeat} for p in result.probes]}
 
 
 def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_rate: float, max_rate: float,

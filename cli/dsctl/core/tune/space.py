@@ -56,6 +56,7 @@ class Knob:
     ratio_of: str | None = None
     lossy: bool = False
     parallel: bool = False
+    unset: Any = None  # the engine's value when the parameter is left out
     source: str = ""
 
     @property
@@ -226,6 +227,8 @@ class SearchSpace:
                     config[knob.name] = int(tp)
                 continue
             if knob.param not in current:
+                if knob.unset is not None:
+                    config[knob.name] = knob.unset
                 continue
             value = current[knob.param]
             if knob.ratio_of is not None:
@@ -314,7 +317,8 @@ def _knob(space: str, name: str, spec: Mapping[str, Any], lossy_params: Sequence
     knob = Knob(name=name, kind=kind, param=param, low=spec.get("low"), high=spec.get("high"),
                 log=bool(spec.get("log", False)), step=spec.get("step"), choices=tuple(spec.get("choices") or ()),
                 ratio_of=spec.get("ratio_of"), lossy=bool(spec.get("lossy", False)) or param in lossy_params,
-                parallel=bool(spec.get("parallel", False)), source=str(spec.get("source", "")))
+                parallel=bool(spec.get("parallel", False)), unset=spec.get("unset"),
+                source=str(spec.get("source", "")))
     _check_shape(where, knob)
     return knob
 
