@@ -379,3 +379,32 @@ def test_two_level_loop_config_search_over_rate_search():
     assert best.objective == pytest.approx(best.metrics["request_goodput"])
     measured = [t for t in result.trials if t.evaluated and t.failure not in {f.value for f in CRASHES}]
     assert all(t.rate is not None for t in measured)
+
+
+def test_kill_with_several_trials_running_then_resume(tmp_path: Path):
+    class Killed(BaseException):
+        pass
+
+    lock = threading.Lock()
+    calls = {"n": 0}
+
+    def dies_with_others_running(candidate):
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n == 6:
+            time.sleep(0.05)  # the other slots have started theirs by now
+            raise Killed()
+        time.sleep(0.2 if n >= 5 else 0.01)
+        return evaluate(candidate)
+
+    journal = tmp_path / "study.journal"
+    first = run_study(budget=12, slots=3, storage=journal_storage(journal), evaluator=dies_with_others_running)
+    with pytest.raises(Killed):
+        first.run()
+    left_running = [t for t in first.study.get_trials() if t.state.name == "RUNNING"]
+    assert len(left_running) >= 2
+    result = run_study(budget=12, slots=3, storage=journal_storage(journal), resume=True).run()
+    assert result.counts["evaluated"] == 12
+    assert len(set(deployments(result))) == 12
+    assert not [t for t in result.trials if t.number in {s.number for s in left_running}]  # failed, not recorded
