@@ -164,3 +164,11 @@ def test_baseline_from_current_params_and_containment():
 def test_baseline_of_flags_left_out_is_the_engines_own_value():
     space = resolve_space("fixed-batch")
     assert space.baseline({"max_num_seqs": 16}) == {"batch_size": 16, "stream_num": 1, "kv_sparse_threshold": 0.0}
+
+
+def test_the_registrys_own_rules_apply_to_candidates():
+    space = resolve_space("mindie", params={"maxSeqLen": 4096}, overrides=["maxIterTimes=1000:8000"])
+    config = {**space.baseline({"maxSeqLen": 4096}), "maxIterTimes": 5000}
+    assert space.violations(config) == ["params.maxIterTimes: 5000 is more than maxSeqLen (4096); "
+                                        "the output cap must fit the context"]
+    assert space.violations({**config, "maxIterTimes": 4000}) == []

@@ -144,6 +144,7 @@ class SearchSpace:
     notes: tuple[str, ...] = ()
     npus_per_instance: int | None = None
     fixed: Mapping[str, Any] = field(default_factory=dict)  # the service's current params (constraint context)
+    vllm_ascend: str | None = None  # the host's release (version gates)
 
     def knob(self, name: str) -> Knob:
         for knob in self.knobs:
@@ -213,6 +214,11 @@ class SearchSpace:
                     for name in self.names if name in config and not self.knob(name).contains(config[name])]
         values = self.values(config)
         problems += [reason for constraint in self.constraints if (reason := constraint.violation(values))]
+        if not problems:  # the registry's own checks, as deploy will run them (its cross-parameter rules too)
+            try:
+                service.check_params(self.engine, {**self.fixed, **self.params(config)}, vllm_ascend=self.vllm_ascend)
+            except service.ServiceError as problem:
+                problems.append(str(problem).removesuffix(f"; {service.FIX}"))
         return problems
 
     def baseline(self, params: Mapping[str, Any], fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -387,7 +393,7 @@ def resolve_space(name: str, *, vllm_ascend: str | None = None, npus_per_instanc
     constraints = tuple(Constraint(kind, tuple(c[kind]), c.get("equals"), str(c.get("why", "")))
                         for c in spec.get("constraints") or () for kind in ("le", "divides", "product") if kind in c)
     space = SearchSpace(name=name, engine=engine, knobs=tuple(knobs), constraints=constraints, notes=tuple(notes),
-                        npus_per_instance=npus_per_instance, fixed=dict(params or {}))
+                        npus_per_instance=npus_per_instance, fixed=dict(params or {}), vllm_ascend=vllm_ascend)
     for text in overrides:
         space = apply_override(space, parse_override(text), vllm_ascend=vllm_ascend, lossy_params=lossy_params)
     return space
