@@ -1,0 +1,176 @@
+"""The load side of a tune: for one configuration, the highest request rate whose SLO holds (pure; the probe is
+injected).
+
+Feasibility is taken as monotone in the rate (higher load never lowers the latency statistics; AIPerf's
+``monotonic`` search makes the same assumption, serving-and-tuning.md 5), so the search keeps a bracket: the
+highest rate that held (``lo``) and the lowest that missed (``hi``).
+
+1. Probe ``start``.  If it holds, multiply the rate by ``growth`` until one misses or ``max_rate`` holds; if it
+   misses, divide until one holds or ``min_rate`` misses.  Stepping down, the rate the overloaded probe actually
+   completed (its request_throughput) is used when it is lower: a server that completed 1.2 req/s while offered
+   10 (vllm-ascend#3112) is not probed at 5 next.
+2. Bisect the bracket geometrically (rates span orders of magnitude) until ``hi / lo - 1 <= rel_tol``.
+3. Repeat the winning rate ``repeats`` times (single-run verdicts flip under noise: AIPerf's caveat, vLLM's 3
+   runs).  If a repeat misses, that rate becomes ``hi`` and the search continues below it.
+
+Rates are floats throughout (vllm-project/vllm#47651: integer anchors broke below 1 req/s).  Every probe counts
+against ``max_probes`` (repeats included; the repeats are reserved up front), so the search always ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dsctl.core.tune import slo as slo_mod
+from dsctl.core.tune.search import Outcome
+
+Probe = Callable[[float], Mapping[str, Any]]  # rate (req/s) -> probe_metrics.calculate_metrics summary
+
+
+@dataclass(frozen=True)
+class RateProbe:
+    rate: float
+    met: bool
+    margin: float
+    binding: str
+    metrics: Mapping[str, Any]
+    repeat: bool = False
+
+
+@dataclass(frozen=True)
+class RateSearchResult:
+    rate: float | None  # the highest rate that held (and held again on every repeat); None: even min_rate missed
+    lowest_missing: float | None  # the lowest rate that missed; None: max_rate held
+    probes: tuple[RateProbe, ...]
+    stopped: str
+    confirmed: bool = True  # False: the probe budget ran out before ``rate`` could be repeated
+
+    @property
+    def metrics(self) -> Mapping[str, Any] | None:
+        """The metrics of the last probe at the reported rate."""
+        if self.rate is None:
+            return None
+        return next(p.metrics for p in reversed(self.probes) if p.rate == self.rate and p.met)
+
+    @property
+    def closest(self) -> RateProbe | None:
+        """With no rate holding: the probe nearest to the SLO (for "the binding constraint" in the report)."""
+        return min(self.probes, key=lambda p: p.margin) if self.probes else None
+
+
+def to_outcome(result: RateSearchResult, **data: Any) -> Outcome:
+    """The search driver's `Outcome` for a rate search: the metrics at the highest rate that held (the objective
+    then comes from them: goodput or throughput at that rate), or, when none held, the probe nearest to the SLO
+    (recorded as an SLO miss with its binding constraint)."""
+    if result.rate is not None:
+        return Outcome(metrics=result.metrics, rate=result.rate, data={"rate_search": _summary(result), **data})
+    closest = result.closest
+    return Outcome(metrics=None if closest is None else closest.metrics,
+                   rate=None if closest is None else closest.rate, detail=result.stopped,
+                   data={"rate_search": _summary(result), **data})
+
+
+def _summary(result: RateSearchResult) -> dict[str, Any]:
+    return {"rate": result.rate, "lowest_missing": result.lowest_missing, "stopped": result.stopped,
+            "confirmed": result.confirmed,
+            "probes": [{"rate": p.rate, "met": p.met, "margin": p.margin, "repeat": p.repeat} for p in result.probes]}
+
+
+def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_rate: float, max_rate: float,
+                max_probes: int = 10, rel_tol: float = 0.05, repeats: int = 1, growth: float = 2.0
+                ) -> RateSearchResult:
+    """The highest rate in [min_rate, max_rate] at which ``probe``'s metrics meet ``slos``."""
+    if not 0 < min_rate <= max_rate or not math.isfinite(max_rate):
+        raise ValueError(f"need 0 < min_rate <= max_rate < inf, got {min_rate}, {max_rate}")
+    if max_probes < 1 + repeats or repeats < 0:
+        raise ValueError(f"max_probes ({max_probes}) must leave room for the {repeats} repeat(s) and one probe")
+    if growth <= 1 or rel_tol <= 0:
+        raise ValueError("growth must exceed 1 and rel_tol must be positive")
+    probes: list[RateProbe] = []
+
+    def run(rate: float, repeat: bool = False) -> RateProbe:
+        metrics = probe(rate)
+        verdict = slo_mod.judge(slos, metrics)
+        result = RateProbe(rate, verdict.met, verdict.margin, verdict.binding.slo.key, metrics, repeat)
+        probes.append(result)
+        return result
+
+    def searching_left() -> int:  # probes left for the search, the repeats kept aside
+        return max_probes - repeats - len(probes)
+
+    lo: float | None = None
+    hi: float | None = None
+    rate = min(max(start, min_rate), max_rate)
+    first = run(rate)
+    lo, hi = (rate, None) if first.met else (None, rate)
+    last = first
+    # 1. bracket
+    while searching_left() > 0 and (lo is None or hi is None):
+        if lo is not None:
+            if lo >= max_rate:
+                break
+            rate = min(lo * growth, max_rate)
+        else:
+            if hi <= min_rate:
+                break
+            rate = hi / growth
+            completed = last.metrics.get("request_throughput")
+            if completed is not None and 0 < completed < rate:
+                rate = completed
+            rate = max(rate, min_rate)
+        last = run(rate)
+        if last.met:
+            lo = rate
+        else:
+            hi = rate
+    while True:
+        # 2. bisect
+        while searching_left() > 0 and lo is not None and hi is not None and hi / lo - 1 > rel_tol:
+            rate = math.sqrt(lo * hi)
+            if run(rate).met:
+                lo = rate
+            else:
+                hi = rate
+        if lo is None:
+            return RateSearchResult(None, hi, tuple(probes), f"even {min_rate:g} req/s misses the SLO"
+                                    if hi is not None and hi <= min_rate else "no rate held within the probe budget")
+        # 3. confirm
+        confirmed, missed = True, False
+        for _ in range(repeats):
+            if len(probes) >= max_probes:
+                confirmed = False
+                break
+            if not run(lo, repeat=True).met:
+                missed = True
+                break
+        if not confirmed:
+            # out of probes before the repeat: fall back to the highest rate that was repeated and held, if any
+            safe = [p.rate for p in probes if p.repeat and p.met and p.rate < lo and not _missed_at(probes, p.rate)]
+            if safe:
+                return RateSearchResult(max(safe), hi, tuple(probes), "probe budget spent; reporting the highest "
+                                        "rate that held on a repeat")
+            return RateSearchResult(lo, hi, tuple(probes), "probe budget spent before a repeat", confirmed=False)
+        if not missed:
+            if hi is None:
+                stopped = f"max_rate {max_rate:g} req/s holds" if lo >= max_rate else "probe budget spent"
+            elif hi / lo - 1 <= rel_tol:
+                stopped = f"bracketed within {rel_tol:.0%}"
+            else:
+                stopped = "probe budget spent"
+            return RateSearchResult(lo, hi, tuple(probes), stopped)
+        # the repeat missed: that rate is not safe; continue below it with the rates that held there
+        hi = lo
+        held_below = [p.rate for p in probes if p.rate < hi and p.met and not _missed_at(probes, p.rate)]
+        lo = max(held_below) if held_below else None
+        if lo is None and searching_left() > 0:
+            rate = max(hi / growth, min_rate)
+            if rate < hi and run(rate).met:
+                lo = rate
+        # each pass through this loop used at least one probe (the repeat that missed), so it ends
+
+
+def _missed_at(probes: Sequence[RateProbe], rate: float) -> bool:
+    return any(p.rate == rate and not p.met for p in probes)

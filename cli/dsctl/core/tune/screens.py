@@ -1,0 +1,68 @@
+"""Screens: reasons to rule a candidate out before anything restarts (pure).
+
+`roofline_screen` asks `dsctl estimate`'s model (dsctl.core.perf.estimate) two questions per candidate, on the
+chips one request runs on (the candidate's tensor parallel size):
+
+* do the weights, the workspace and one full request's KV cache fit at the candidate's gpu_memory_utilization?
+  (the engine would stop at start-up with vLLM's words, which the reason quotes);
+* does any SLO lie below the *peak* bound (compute for TTFT, bandwidth for TPOT, their sum for E2EL) of a single
+  request on an idle engine?  No configuration, load or statistic can beat that bound, so the screen never rules
+  out a candidate that could have met the SLO; the efficiency-scaled predictions are not used here.
+
+The same call on the service's current configuration refuses a physically impossible SLO before the first
+restart (`impossible`).  ITL and error_rate SLOs have no bound here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from dsctl.core.perf.estimate import SLO_METRICS, estimate
+from dsctl.core.tune import slo as slo_mod
+from dsctl.core.tune.search import Candidate
+
+
+def _bounds(slos: Sequence[slo_mod.Slo]) -> dict[str, float]:
+    bounds: dict[str, float] = {}
+    for slo in slos:  # the tightest bound per metric, whatever its statistic: all lie above the single-request bound
+        if slo.metric in SLO_METRICS:
+            bounds[slo.metric] = min(bounds.get(slo.metric, slo.bound), slo.bound)
+    return bounds
+
+
+def check(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, slos: Sequence[slo_mod.Slo],
+          chips: int, memory_utilization: float = 0.9, weight_bytes: float = 2.0) -> str | None:
+    """The reason a deployment cannot meet ``slos`` (or cannot start), or None."""
+    result = estimate(chip, model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, chips=chips,
+                      weight_bytes=weight_bytes, slo=_bounds(slos), memory_utilization=memory_utilization)
+    beyond = [v for v in result.verdicts
+              if v.bound_ms is not None and v.target_ms is not None and v.bound_ms > v.target_ms]
+    memory = [v for v in result.verdicts if v.metric == "memory" and not v.feasible]
+    reasons = beyond + memory  # the SLO's physical bound first: it holds whatever the memory
+    return f"roofline: {reasons[0].line}" if reasons else None
+
+
+def roofline_screen(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, slos: Sequence[slo_mod.Slo],
+                    npus_per_instance: int, weight_bytes: float = 2.0) -> Callable[[Candidate], str | None]:
+    """A `Search` screen over `check` (chips = the candidate's tensor_parallel_size, else the instance's NPUs)."""
+    cache: dict[tuple[int, float], str | None] = {}
+
+    def screen(candidate: Candidate) -> str | None:
+        chips = int(candidate.fields.get("tensor_parallel_size") or npus_per_instance)
+        utilization = float(candidate.params.get("gpu_memory_utilization", 0.9))
+        key = (chips, utilization)
+        if key not in cache:
+            cache[key] = check(chip=chip, model=model, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                               slos=slos, chips=chips, memory_utilization=utilization, weight_bytes=weight_bytes)
+        return cache[key]
+
+    return screen
+
+
+def impossible(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, slos: Sequence[slo_mod.Slo],
+               npus_per_instance: int, weight_bytes: float = 2.0) -> str | None:
+    """Why no configuration of an instance of ``npus_per_instance`` NPUs can meet ``slos``: the peak bound on all
+    of the instance's NPUs (the most any tensor parallel size can use) and full memory; None if some might."""
+    return check(chip=chip, model=model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, slos=slos,
+                 chips=npus_per_instance, memory_utilization=1.0, weight_bytes=weight_bytes)
+

@@ -1,0 +1,92 @@
+"""The highest SLO-holding rate: monotone bracketing and bisection, bounded probes, a repeat at the boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsctl.core.tune.rate_search import search_rate
+from dsctl.core.tune.slo import parse_slos
+
+SLOS = parse_slos(["ttft=200ms"])
+
+
+def server(capacity: float):
+    """TTFT p99 rises smoothly with load and explodes past capacity (queueing); it completes at most capacity."""
+    calls: list[float] = []
+
+    def probe(rate: float) -> dict:
+        calls.append(rate)
+        load = rate / capacity
+        ttft = 50 + 150 * load ** 4 if load < 1 else 5000 * load
+        return {"completed": 100, "failed": 0, "request_throughput": min(rate, capacity),
+                "ttft_ms": {"p99": ttft}}
+
+    return probe, calls
+
+
+@pytest.mark.parametrize(("capacity", "start"), [(7.3, 1.0), (7.3, 50.0), (0.37, 4.0), (120.0, 2.0)])
+def test_finds_the_boundary_within_tolerance_and_budget(capacity, start):
+    probe, calls = server(capacity)
+    result = search_rate(probe, SLOS, start=start, min_rate=0.05, max_rate=500.0, max_probes=12, rel_tol=0.05)
+    # pass <=> 50 + 150 load^4 <= 200 <=> load <= 1: the boundary is the capacity
+    assert result.rate is not None and result.rate <= capacity
+    assert result.rate >= capacity / 1.05 ** 2
+    assert len(calls) <= 12
+    assert result.lowest_missing is not None and result.lowest_missing > result.rate
+    assert any(p.repeat and p.rate == result.rate and p.met for p in result.probes)  # confirmed by a repeat
+    assert result.metrics["ttft_ms"]["p99"] <= 200
+    # rates are floats: a sub-1 req/s capacity works (vllm-project/vllm#47651)
+    assert all(isinstance(rate, float) for rate in calls)
+
+
+def test_monotone_bracket_never_contradicts_itself():
+    probe, _ = server(9.0)
+    result = search_rate(probe, SLOS, start=3.0, min_rate=0.1, max_rate=100.0, max_probes=10)
+    held = [p.rate for p in result.probes if p.met]
+    missed = [p.rate for p in result.probes if not p.met]
+    assert max(held) < min(missed)
+
+
+def test_overloaded_probe_steps_down_to_what_it_completed():
+    probe, calls = server(1.2)
+    search_rate(probe, SLOS, start=10.0, min_rate=0.05, max_rate=100.0, max_probes=10)
+    assert calls[0] == 10.0 and calls[1] == pytest.approx(1.2)  # not 5.0: the server completed 1.2 req/s
+
+
+def test_a_lucky_run_above_the_boundary_is_caught_by_the_repeat():
+    luck = {"left": 1}
+
+    def noisy(rate: float) -> dict:
+        lucky = 3.0 < rate <= 4.0 and luck["left"] > 0  # the first probe in (3, 4] passes by chance, once
+        luck["left"] -= lucky
+        ttft = 150.0 if rate <= 3.0 or lucky else 400.0
+        return {"completed": 100, "failed": 0, "request_throughput": rate, "ttft_ms": {"p99": ttft}}
+
+    result = search_rate(noisy, SLOS, start=1.0, min_rate=0.1, max_rate=50.0, max_probes=14, rel_tol=0.05)
+    assert result.rate is not None and result.rate <= 3.0 and result.confirmed
+    assert sum(1 for p in result.probes if p.repeat and not p.met) == 1
+    assert result.rate >= 3.0 / 1.05 ** 2
+
+
+def test_the_repeat_is_reserved_in_a_small_budget():
+    result = search_rate(lambda r: {"completed": 10, "failed": 0, "ttft_ms": {"p99": 100.0 if r <= 3 else 300.0}},
+                         SLOS, start=1.0, min_rate=0.1, max_rate=50.0, max_probes=3, repeats=1)
+    assert len(result.probes) == 3
+    assert result.rate == 2.0 and result.confirmed
+
+
+def test_nothing_holds_and_max_rate_holds():
+    never = search_rate(lambda r: {"completed": 10, "failed": 0, "ttft_ms": {"p99": 900.0}}, SLOS,
+                        start=2.0, min_rate=0.5, max_rate=10.0, max_probes=6)
+    assert never.rate is None and "misses the SLO" in never.stopped and len(never.probes) <= 6
+    assert never.closest.binding == "ttft:p99"
+    always = search_rate(lambda r: {"completed": 10, "failed": 0, "ttft_ms": {"p99": 20.0}}, SLOS,
+                         start=2.0, min_rate=0.5, max_rate=10.0, max_probes=6)
+    assert always.rate == 10.0 and always.lowest_missing is None and "holds" in always.stopped
+
+
+def test_bad_bounds_are_refused():
+    with pytest.raises(ValueError):
+        search_rate(lambda r: {}, SLOS, start=1, min_rate=0, max_rate=1)
+    with pytest.raises(ValueError):
+        search_rate(lambda r: {}, SLOS, start=1, min_rate=1, max_rate=2, max_probes=1, repeats=1)

@@ -1,0 +1,410 @@
+"""The tune driver against an honest synthetic landscape: a deterministic function of the configuration with a
+region that runs out of memory, a region that misses the TTFT SLO and a feasible optimum between them.
+
+What is asserted is behaviour of the search logic (budget, resume, steering, screening, slots, classification),
+never the landscape's own numbers."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dsctl.core.tune import slo as slo_mod
+from dsctl.core.tune.search import (
+    CRASHES,
+    Candidate,
+    Failure,
+    Outcome,
+    Search,
+    SearchSettings,
+    best_trial,
+    classify_failure,
+    journal_storage,
+)
+from dsctl.core.tune.space import resolve_space
+from dsctl.errors import UsageError
+
+SLOS = slo_mod.parse_slos(["ttft=200ms"])
+
+
+def metrics(ttft_p99: float, throughput: float, *, completed: int = 200, failed: int = 0) -> dict:
+    return {"completed": completed, "failed": failed, "request_throughput": throughput,
+            "request_goodput": throughput if ttft_p99 <= 200 else throughput * 0.3,
+            "ttft_ms": {"p99": ttft_p99, "p95": ttft_p99 * 0.9, "mean": ttft_p99 * 0.5},
+            "tpot_ms": {"p99": 20.0}, "itl_ms": {"p99": 20.0}, "e2el_ms": {"p99": ttft_p99 + 2000}}
+
+
+def landscape(params: dict) -> Outcome:
+    """vLLM-shaped: more sequences and a bigger token budget raise throughput; memory pressure (utilisation,
+    token budget, sequences) past 1.0 fails at start with vLLM's words; big batches without chunked prefill
+    push TTFT p99 over 200 ms."""
+    seqs, tokens = params["max_num_seqs"], params["max_num_batched_tokens"]
+    memory, chunked = params["gpu_memory_utilization"], params["enable_chunked_prefill"]
+    pressure = memory + 0.025 * math.log2(tokens / 512) + 0.012 * math.log2(seqs / 8)
+    if pressure > 1.0:
+        return Outcome(failure=classify_failure("ValueError: No available memory for the cache blocks. Try "
+                                                "increasing `gpu_memory_utilization` when initializing the engine."),
+                       detail="no cache memory")
+    throughput = 3.0 * math.sqrt(seqs) * (memory / 0.9) * (1.15 if chunked else 1.0) * (tokens / 32768) ** 0.08
+    ttft = 30 + seqs * (0.25 if chunked else 0.7) + 60000 / tokens
+    return Outcome(metrics=metrics(ttft, throughput))
+
+
+def evaluate(candidate: Candidate) -> Outcome:
+    return landscape(candidate.params)
+
+
+def lab_space():
+    return resolve_space("lab-continuous")
+
+
+def run_study(*, seed: int = 1, budget: int = 16, slots: int = 1, strategy: str = "tpe", storage=None,
+              evaluator=evaluate, **kwargs) -> Search:
+    search = Search(lab_space(), SLOS, evaluator, SearchSettings(budget=budget, slots=slots, seed=seed,
+                                                                 strategy=strategy, n_startup_trials=6),
+                    storage=storage, **kwargs)
+    return search
+
+
+def deployments(result) -> list[tuple]:
+    return [tuple(sorted({**t.params, **t.fields}.items())) for t in result.trials if t.evaluated]
+
+
+# --------------------------------------------------------------------------- classification
+
+
+@pytest.mark.parametrize(("log", "expected"), [
+    ("[ERROR] RUNTIME: aclrtMalloc failed, size=1073741824, error code is 207001 "
+     "(ACL_ERROR_RT_MEMORY_ALLOCATION_FAILED)\nRuntimeError: NPU out of memory. Tried to allocate 1.00 GiB",
+     Failure.ACLRTMALLOC),
+    ("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 64.00 GiB total capacity)",
+     Failure.OUT_OF_MEMORY),
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+     Failure.OUT_OF_MEMORY),
+    ("capture_begin:../torch_npu/csrc/core/npu/NPUGraph.cpp:230 NPU function error: "
+     "c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), error code is 207008", Failure.GRAPH_CAPTURE),
+    ("vllm serve: error: unrecognized arguments: --stream-num 4", Failure.BAD_FLAG),
+    ("instance chat-0 not ready after 600 s", Failure.START_TIMEOUT),
+    ("Segmentation fault (core dumped)", Failure.ERROR),
+])
+def test_failure_classes_from_engine_words(log, expected):
+    assert classify_failure(log) == expected
+
+
+def test_silent_timeout_is_a_start_timeout():
+    assert classify_failure("", timed_out=True) == Failure.START_TIMEOUT
+    assert classify_failure("") == Failure.ERROR
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def test_budget_is_evaluations_and_failures_are_data():
+    result = run_study(budget=16).run()
+    assert result.counts["evaluated"] == 16
+    assert result.stopped == "budget spent"
+    evaluated = [t for t in result.trials if t.evaluated]
+    assert len(deployments(result)) == len(set(deployments(result))), "a deployment was evaluated twice"
+    # crashes and SLO misses are recorded with their class and a positive constraint, not dropped
+    for trial in evaluated:
+        if trial.failure in {f.value for f in CRASHES}:
+            assert trial.constraints["failure"] > 0 and trial.objective in (None, 0.0)
+        elif trial.failure == Failure.SLO_MISS:
+            assert trial.margin > 0 and trial.constraints["ttft:p99"] > 0
+        else:
+            assert trial.feasible and trial.margin <= 0
+    assert result.best is not None and result.best.feasible
+    assert result.best.objective == max(t.objective for t in evaluated if t.feasible)
+
+
+def test_best_prefers_headroom_on_a_tie():
+    def record(number, objective, margin):
+        from dsctl.core.tune.pareto import TrialRecord
+        return TrialRecord(number=number, controller="c", config={}, params={}, fields={}, evaluated=True,
+                           feasible=True, objective=objective, margin=margin)
+    records = [record(0, 5.0, -0.1), record(1, 5.0, -0.4), record(2, 4.0, -0.9)]
+    assert best_trial(records).number == 1
+
+
+def test_resume_after_kill_repeats_nothing_and_finds_the_same_best(tmp_path: Path):
+    class Killed(BaseException):
+        """Stands for SIGKILL: nothing in the driver handles it, so the trial stays RUNNING in the journal."""
+
+    calls = {"n": 0}
+
+    def dies_at_seventh(candidate):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise Killed()
+        return evaluate(candidate)
+
+    journal = tmp_path / "study.journal"
+    first = run_study(budget=14, storage=journal_storage(journal), evaluator=dies_at_seventh)
+    with pytest.raises(Killed):
+        first.run()
+    assert first.result().counts["evaluated"] == 6
+
+    resumed = run_study(budget=14, storage=journal_storage(journal), resume=True).run()
+    uninterrupted = run_study(budget=14, storage=journal_storage(tmp_path / "straight.journal")).run()
+
+    assert resumed.counts["evaluated"] == 14
+    assert len(set(deployments(resumed))) == 14, "a deployment was evaluated twice"
+    assert deployments(resumed) == deployments(uninterrupted)  # same seed, one slot: the same candidates
+    assert resumed.best.params == uninterrupted.best.params
+    assert resumed.best.objective == uninterrupted.best.objective
+
+
+def test_resume_needs_the_same_study(tmp_path: Path):
+    journal = tmp_path / "study.journal"
+    run_study(budget=3, storage=journal_storage(journal)).run()
+    with pytest.raises(UsageError, match="already exists"):
+        run_study(budget=3, storage=journal_storage(journal))
+    other = resolve_space("lab-continuous", overrides=["max_num_seqs=8:64"])
+    with pytest.raises(UsageError, match="another space"):
+        Search(other, SLOS, evaluate, SearchSettings(budget=3), storage=journal_storage(journal), resume=True)
+    with pytest.raises(UsageError, match="no study"):
+        run_study(budget=3, storage=journal_storage(tmp_path / "none.journal"), resume=True)
+
+
+def test_resume_of_a_finished_study_evaluates_nothing_more(tmp_path: Path):
+    journal = tmp_path / "study.journal"
+    done = run_study(budget=10, storage=journal_storage(journal)).run()
+    assert done.best is not None
+    calls = []
+    again = run_study(budget=10, storage=journal_storage(journal), resume=True,
+                      evaluator=lambda c: calls.append(c) or evaluate(c)).run()
+    assert calls == [] and again.counts["evaluated"] == 10 and again.best.number == done.best.number
+
+
+def test_constraints_steer_away_from_crashes_better_than_random():
+    """Second half of a 40-evaluation study: TPE with constraints hits the out-of-memory region less often than
+    seeded uniform random search on the same landscape (summed over 4 seeds)."""
+    def late_crashes(strategy: str) -> int:
+        total = 0
+        for seed in range(4):
+            result = run_study(seed=seed, budget=40, strategy=strategy).run()
+            evaluated = [t for t in result.trials if t.evaluated]
+            total += sum(t.failure == Failure.OUT_OF_MEMORY for t in evaluated[20:])
+        return total
+
+    tpe, random = late_crashes("tpe"), late_crashes("random")
+    assert random >= 8, "the landscape's crash region is too small to tell anything"
+    assert tpe < random / 2, (tpe, random)
+
+
+def test_screening_is_counted_and_never_evaluated():
+    evaluated = []
+
+    def record(candidate):
+        evaluated.append(candidate.params)
+        return evaluate(candidate)
+
+    def roofline(candidate):  # e.g. estimate's bound: TTFT cannot be met with so many sequences
+        return "TTFT bound 250 ms > 200 ms" if candidate.params["max_num_seqs"] > 128 else None
+
+    result = run_study(budget=12, evaluator=record, screen=roofline).run()
+    assert result.counts["evaluated"] == 12 == len(evaluated)
+    assert result.counts["screened"] >= 1
+    assert all(p["max_num_seqs"] <= 128 for p in evaluated)
+    screened = [t for t in result.trials if t.failure == Failure.SCREENED]
+    assert all(not t.evaluated and t.detail.startswith("TTFT bound") for t in screened)
+
+
+def test_invalid_configurations_are_told_not_started():
+    space = resolve_space("fixed-batch", overrides=["kv_sparse_threshold=0"])
+    started = []
+
+    def fixed_batch(candidate):
+        started.append(candidate.params)
+        batch = candidate.params["max_num_seqs"]
+        return Outcome(metrics=metrics(40 + 6 * batch / candidate.params["stream_num"], math.sqrt(batch)))
+
+    result = Search(space, SLOS, fixed_batch, SearchSettings(budget=10, seed=3)).run()
+    assert all(p["max_num_seqs"] % p["stream_num"] == 0 for p in started)
+    invalid = [t for t in result.trials if t.failure == Failure.INVALID]
+    assert invalid and all("does not divide" in t.detail for t in invalid)
+    assert result.counts["evaluated"] == 10
+
+
+def test_parallel_slots_run_at_once_and_results_come_back_in_any_order():
+    lock = threading.Lock()
+    live = {"now": 0, "peak": 0}
+
+    def slow(candidate):
+        with lock:
+            live["now"] += 1
+            live["peak"] = max(live["peak"], live["now"])
+        time.sleep(0.05 if candidate.number % 2 else 0.12)
+        with lock:
+            live["now"] -= 1
+        return evaluate(candidate)
+
+    result = run_study(budget=12, slots=4, evaluator=slow).run()
+    assert live["peak"] == 4
+    assert result.counts["evaluated"] == 12
+    slots = {t.slot for t in result.trials if t.evaluated}
+    assert slots == {0, 1, 2, 3}
+    assert len(set(deployments(result))) == 12
+
+
+def test_async_evaluator_and_evaluator_errors_are_results():
+    async def flaky(candidate):
+        if candidate.number == 2:
+            raise ConnectionError("probe lost the connection")
+        return evaluate(candidate)
+
+    result = run_study(budget=5, evaluator=flaky).run()
+    errors = [t for t in result.trials if t.failure == Failure.ERROR]
+    assert result.counts["evaluated"] == 5 and len(errors) == 1
+    assert "ConnectionError" in errors[0].detail
+
+
+def test_wall_time_bounds_the_loop():
+    def slow(candidate):
+        time.sleep(0.15)
+        return evaluate(candidate)
+
+    search = Search(lab_space(), SLOS, slow, SearchSettings(budget=50, max_wall_s=0.4))
+    started = time.monotonic()
+    result = search.run()
+    assert time.monotonic() - started < 2.0
+    assert result.stopped == "wall-time limit reached"
+    assert 1 <= result.counts["evaluated"] < 50
+
+
+def test_a_sampler_stuck_on_measured_configs_stops_by_the_ask_bound():
+    space = resolve_space("lab-continuous", overrides=["max_num_seqs=16,32", "max_num_batched_tokens=2048",
+                                                        "gpu_memory_utilization=0.9", "enable_chunked_prefill=true"])
+    result = Search(space, SLOS, evaluate, SearchSettings(budget=10, max_asks=30)).run()
+    assert result.counts["evaluated"] == 2  # the only two deployments
+    assert result.counts["duplicate"] >= 1
+    assert "keeps proposing" in result.stopped
+
+
+def test_baseline_goes_first_and_quality_guard_applies_to_lossy_changes():
+    space = resolve_space("fixed-batch", overrides=["batch_size=4,8", "stream_num=1"])
+    seen = []
+
+    def lossy(candidate):
+        seen.append(candidate)
+        threshold = candidate.params["kv_sparse_threshold"]
+        return Outcome(metrics=metrics(100, 1 + threshold), agreement=1 - threshold)
+
+    result = Search(space, SLOS, lossy, SearchSettings(budget=8, seed=2),
+                    baseline={"batch_size": 4, "stream_num": 1, "kv_sparse_threshold": 0.0}).run()
+    assert seen[0].config == {"batch_size": 4, "stream_num": 1, "kv_sparse_threshold": 0.0}
+    assert not seen[0].needs_quality
+    for trial in result.trials:
+        if trial.evaluated and trial.config["kv_sparse_threshold"] > 0.1:
+            assert trial.failure == Failure.QUALITY and trial.constraints["quality"] > 0
+    assert result.best.agreement is None or result.best.agreement >= 0.9
+
+
+def test_two_controllers_share_one_study(tmp_path: Path):
+    journal = tmp_path / "shared.journal"
+    first = run_study(budget=12, storage=journal_storage(journal), controller="a",
+                      evaluator=lambda c: (time.sleep(0.02), evaluate(c))[1])
+    second = run_study(budget=12, storage=journal_storage(journal), controller="b", resume=True,
+                       evaluator=lambda c: (time.sleep(0.02), evaluate(c))[1])
+    threads = [threading.Thread(target=search.run) for search in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    result = first.result()
+    assert 12 <= result.counts["evaluated"] <= 13  # at most one over: the two may ask at the same moment
+    assert {t.controller for t in result.trials if t.evaluated} == {"a", "b"}
+    assert len(set(deployments(result))) == len(deployments(result))
+
+
+def test_settings_are_checked():
+    with pytest.raises(UsageError, match="--budget"):
+        SearchSettings(budget=0).check()
+    with pytest.raises(UsageError, match="--objective"):
+        SearchSettings(budget=1, objective="latency").check()
+
+
+def test_ctrl_c_marks_running_trials_interrupted_and_resume_evaluates_them(tmp_path: Path):
+    calls = {"n": 0}
+    asked = []
+
+    def interrupted_at_fourth(candidate):
+        calls["n"] += 1
+        asked.append(candidate.params)
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return evaluate(candidate)
+
+    journal = tmp_path / "study.journal"
+    first = run_study(budget=8, storage=journal_storage(journal), evaluator=interrupted_at_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    stale = [t for t in first.study.get_trials() if t.user_attrs.get("dsctl_interrupted")]
+    assert len(stale) == 1 and stale[0].state.name == "FAIL"
+    resumed_calls = []
+    result = run_study(budget=8, storage=journal_storage(journal), resume=True,
+                       evaluator=lambda c: resumed_calls.append(c.params) or evaluate(c)).run()
+    assert resumed_calls[0] == asked[3]  # the interrupted candidate is evaluated first, once
+    assert result.counts["evaluated"] == 8 and len(set(deployments(result))) == 8
+
+
+def test_two_level_loop_config_search_over_rate_search():
+    """The outer search over configurations, the inner search over the rate (as the live tune does): the winner
+    is the configuration whose highest SLO-holding rate gives the most goodput, and its rate is reported."""
+    from dsctl.core.tune.rate_search import search_rate, to_outcome
+
+    def evaluate_with_rate(candidate):
+        shape = landscape(candidate.params)
+        if shape.failure is not None:
+            return shape
+        capacity = shape.metrics["request_throughput"]
+        floor = shape.metrics["ttft_ms"]["p99"] * 0.5  # an idle server's TTFT for this configuration
+
+        def probe(rate):
+            load = rate / capacity
+            ttft = floor * (1 + 3 * load ** 3) if load < 1 else 10 * floor * load
+            return metrics(ttft, min(rate, capacity))
+
+        result = search_rate(probe, SLOS, start=1.0, min_rate=0.1, max_rate=1000.0, max_probes=12)
+        return to_outcome(result)
+
+    result = run_study(budget=12, evaluator=evaluate_with_rate).run()
+    best = result.best
+    assert best is not None and best.rate is not None and best.margin <= 0
+    assert best.context["rate_search"]["confirmed"]
+    assert best.objective == pytest.approx(best.metrics["request_goodput"])
+    measured = [t for t in result.trials if t.evaluated and t.failure not in {f.value for f in CRASHES}]
+    assert all(t.rate is not None for t in measured)
+
+
+def test_kill_with_several_trials_running_then_resume(tmp_path: Path):
+    class Killed(BaseException):
+        pass
+
+    lock = threading.Lock()
+    calls = {"n": 0}
+
+    def dies_with_others_running(candidate):
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n == 6:
+            time.sleep(0.05)  # the other slots have started theirs by now
+            raise Killed()
+        time.sleep(0.2 if n >= 5 else 0.01)
+        return evaluate(candidate)
+
+    journal = tmp_path / "study.journal"
+    first = run_study(budget=12, slots=3, storage=journal_storage(journal), evaluator=dies_with_others_running)
+    with pytest.raises(Killed):
+        first.run()
+    left_running = [t for t in first.study.get_trials() if t.state.name == "RUNNING"]
+    assert len(left_running) >= 2
+    result = run_study(budget=12, slots=3, storage=journal_storage(journal), resume=True).run()
+    assert result.counts["evaluated"] == 12
+    assert len(set(deployments(result))) == 12
+    assert not [t for t in result.trials if t.number in {s.number for s in left_running}]  # failed, not recorded

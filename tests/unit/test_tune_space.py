@@ -1,0 +1,174 @@
+"""Search spaces: checked against the parameter registry, version-gated, dependencies, --param overrides."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dsctl.core.serving import service
+from dsctl.core.tune import space as space_mod
+from dsctl.core.tune.search import distributions
+from dsctl.core.tune.space import parse_override, resolve_space
+from dsctl.errors import UsageError
+
+
+@pytest.mark.parametrize("name", space_mod.space_names())
+def test_every_shipped_space_resolves_and_its_corners_pass_the_registry(name):
+    space = resolve_space(name, vllm_ascend="v0.13.0", npus_per_instance=8)
+    assert space.knobs, name
+    distributions(space)  # Optuna accepts every knob
+    for corner in (0, -1):  # every knob at its low end, then at its high end
+        config = {knob.name: (knob.values or (knob.low, knob.high))[corner] for knob in space.knobs}
+        params = space.params(config)
+        assert service.check_params(space.engine, params, vllm_ascend="v0.13.0") == params, (name, corner)
+
+
+def test_default_spaces_per_engine():
+    assert space_mod.default_space("vllm-ascend") == "vllm-ascend"
+    assert space_mod.default_space("mindie") == "mindie"
+    assert space_mod.default_space("lab-engine") == "fixed-batch"
+
+
+def test_field_guide_space_and_lossy_knobs():
+    space = resolve_space("fixed-batch")
+    assert space.names == ("batch_size", "stream_num", "kv_sparse_threshold")
+    assert space.lossy == ("kv_sparse_threshold",)
+    assert space.params({"batch_size": 8, "stream_num": 4, "kv_sparse_threshold": 0.15}) == \
+        {"max_num_seqs": 8, "stream_num": 4, "kv_sparse_threshold": 0.15}
+    added = resolve_space("lab-continuous", overrides=["quantization=ascend"])
+    assert added.knob("quantization").lossy  # lossy by its registry name, whichever space it joins
+
+
+def _spaces_with(knobs: dict) -> dict:
+    data = copy.deepcopy(space_mod.spaces_data())
+    data["spaces"]["test"] = {"engine": "vllm-ascend", "knobs": knobs}
+    return data
+
+
+def test_version_gated_and_unknown_knobs_are_dropped_with_a_note():
+    data = _spaces_with({"max_num_seqs": {"type": "int", "low": 8, "high": 64},
+                         "enable_mlapo": {"type": "bool"},
+                         "torchair_graph_mode": {"param": "torchair_graph_config", "type": "categorical",
+                                                 "choices": [1]},
+                         "batch_size": {"type": "int", "low": 1, "high": 8}})
+    old = resolve_space("test", vllm_ascend="v0.13.0", spaces=data)
+    assert old.names == ("max_num_seqs",)
+    notes = "\n".join(old.notes)
+    assert "enable_mlapo: needs vllm-ascend v0.21.0rc1 or later" in notes
+    assert "torchair_graph_mode: removed in vllm-ascend v0.13.0rc1" in notes
+    assert "batch_size: vllm-ascend has no parameter batch_size" in notes
+    new = resolve_space("test", vllm_ascend="v0.21.0rc1", spaces=_spaces_with({"enable_mlapo": {"type": "bool"}}))
+    assert new.names == ("enable_mlapo",)
+
+
+def test_a_range_outside_the_registry_is_a_data_bug():
+    data = _spaces_with({"gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 1.2}})
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        resolve_space("test", spaces=data)
+    data = _spaces_with({"max_num_seqs": {"type": "float", "low": 1, "high": 2}})
+    with pytest.raises(ValueError, match="does not match the registry's int"):
+        resolve_space("test", spaces=data)
+
+
+def test_tp_times_dp_equals_the_instance_npus():
+    space = resolve_space("vllm-ascend", npus_per_instance=8)
+    assert space.knob("tensor_parallel_size").choices == (1, 2, 4, 8)
+    assert space.fields({"tensor_parallel_size": 2}) == {"tensor_parallel_size": 2, "data_parallel_size": 4}
+    constraint = next(c for c in space.constraints if c.kind == "product")
+    assert constraint.violation({"tensor_parallel_size": 2, "data_parallel_size": 2, "npus_per_instance": 8})
+    assert constraint.violation({"tensor_parallel_size": 2, "data_parallel_size": 4, "npus_per_instance": 8}) is None
+    lab = resolve_space("lab-continuous", npus_per_instance=4)
+    assert "tensor_parallel_size" not in lab.names  # no data parallelism: tp is the NPU count, nothing to search
+    with pytest.raises(UsageError, match="does not divide the instance's 8 NPUs"):
+        resolve_space("vllm-ascend", npus_per_instance=8, overrides=["tensor_parallel_size=3"])
+
+
+def test_stream_num_divides_batch_and_prefill_batch_at_most_batch():
+    fixed = resolve_space("fixed-batch")
+    assert fixed.violations({"batch_size": 8, "stream_num": 4, "kv_sparse_threshold": 0.0}) == []
+    assert fixed.violations({"batch_size": 6, "stream_num": 4, "kv_sparse_threshold": 0.0}) == \
+        ["stream_num 4 does not divide batch_size 6: each stream runs batch_size / stream_num requests"]
+    mindie = resolve_space("mindie")
+    config = {"maxBatchSize": 200, "maxPrefillBatchSize": 0.25}
+    assert mindie.params(config)["maxPrefillBatchSize"] == 50 and mindie.violations(config) == []
+    absolute = resolve_space("mindie", overrides=["maxPrefillBatchSize=10:400"])
+    problems = absolute.violations({"maxBatchSize": 100, "maxPrefillBatchSize": 300})
+    assert problems == ["maxPrefillBatchSize 300 > maxBatchSize 100: MindIE needs maxPrefillBatchSize <= maxBatchSize"]
+    # a name outside the space comes from the service's current params
+    pinned = resolve_space("mindie", params={"maxPreemptCount": 500})
+    assert any("maxPreemptCount 500 > maxBatchSize 100" in p
+               for p in pinned.violations({"maxBatchSize": 100, "maxPrefillBatchSize": 0.5}))
+
+
+def test_overrides_narrow_extend_pin_and_add():
+    space = resolve_space("vllm-ascend", overrides=[
+        "max_num_seqs=16:256:log", "gpu_memory_utilization=0.85:0.95", "enable_chunked_prefill=true",
+        "max_num_batched_tokens=2048,4096,8192", "block_size=64,128"])
+    assert space.knob("max_num_seqs").text == "16:256:log"
+    assert space.knob("gpu_memory_utilization").low == 0.85 and space.knob("gpu_memory_utilization").step == 0.01
+    assert space.knob("enable_chunked_prefill").choices == (True,)
+    assert space.knob("max_num_batched_tokens").choices == (2048, 4096, 8192)
+    assert space.knob("block_size").choices == (64, 128)
+    by_param = resolve_space("fixed-batch", overrides=["max_num_seqs=2:16"])
+    assert by_param.knob("batch_size").high == 16
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("max_num_seq=1:8", "'max_num_seq' is not a vllm-ascend knob; did you mean max_num_seqs?"),
+    ("gpu_memory_utilisation=0.8:0.9", "did you mean gpu_memory_utilization?"),
+    ("gpu_memory_utilization=0.5:1.2", "1.2 is not allowed for gpu_memory_utilization: expected a number > 0.0"),
+    ("max_num_seqs=64:16", "the low end 64 is above the high end 16"),
+    ("max_num_seqs=1.5:16", "max_num_seqs takes integers"),
+    ("max_num_seqs=0:16:log", "a log scale needs a positive low end"),
+    ("enable_chunked_prefill=yes", "enable_chunked_prefill is true or false"),
+    ("block_size=1:128", "block_size takes a set of values, not a range"),
+    ("block_size=100", "100 is not allowed for block_size"),
+    ("compilation_config=1", "compilation_config is a JSON parameter"),
+    ("max_num_seqs", "expected name=lo:hi[:log] or name=a,b,c"),
+    ("max_num_seqs=1:2:3", "a range is lo:hi or lo:hi:log"),
+    ("stream_num=1,,2", "an empty value between commas"),
+    ("max_num_seqs=8,8", "a value is listed twice"),
+])
+def test_override_errors_are_one_line(override, message):
+    with pytest.raises(UsageError) as caught:
+        resolve_space("vllm-ascend", npus_per_instance=4, overrides=[override])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"--param {override!r}")
+
+
+def test_gated_override_is_refused_with_the_gate():
+    with pytest.raises(UsageError, match="needs vllm-ascend v0.21.0rc1 or later"):
+        resolve_space("vllm-ascend", vllm_ascend="v0.13.0", overrides=["enable_mlapo=true,false"])
+
+
+def test_unknown_space_gets_did_you_mean():
+    with pytest.raises(UsageError, match="did you mean fixed-batch"):
+        resolve_space("fixed_batch")
+
+
+def test_parse_override_shapes():
+    assert parse_override("a=1:2:log").log
+    assert parse_override("a=1,2").values == ("1", "2")
+
+
+def test_baseline_from_current_params_and_containment():
+    space = resolve_space("mindie", npus_per_instance=4)
+    base = space.baseline({"maxBatchSize": 200, "maxPrefillBatchSize": 50}, {"tensor_parallel_size": 4})
+    assert base["maxPrefillBatchSize"] == 0.25 and base["tensor_parallel_size"] == 4
+    assert base["maxQueueDelayMicroseconds"] == 5000  # MindIE's registry default
+    outside = space.violations({**base, "maxBatchSize": 5})
+    assert outside == ["maxBatchSize: 5 outside 10:1000:log"]
+
+
+def test_baseline_of_flags_left_out_is_the_engines_own_value():
+    space = resolve_space("fixed-batch")
+    assert space.baseline({"max_num_seqs": 16}) == {"batch_size": 16, "stream_num": 1, "kv_sparse_threshold": 0.0}
+
+
+def test_the_registrys_own_rules_apply_to_candidates():
+    space = resolve_space("mindie", params={"maxSeqLen": 4096}, overrides=["maxIterTimes=1000:8000"])
+    config = {**space.baseline({"maxSeqLen": 4096}), "maxIterTimes": 5000}
+    assert space.violations(config) == ["params.maxIterTimes: 5000 is more than maxSeqLen (4096); "
+                                        "the output cap must fit the context"]
+    assert space.violations({**config, "maxIterTimes": 4000}) == []
