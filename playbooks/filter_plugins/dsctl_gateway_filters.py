@@ -95,6 +95,8 @@ def gateway_plan(name, groups, hostvars, drained_state="", drain=None, undrain=N
             "drain": [by_id[member_id] for member_id in drain_ids],
             "undrain": [by_id[member_id] for member_id in undrain_ids],
             "config": gateway.render_config(plan),
+            "fingerprint": gateway.fingerprint(plan),
+            "config_url": gateway.config_url(plan),
             "systemd_unit": gateway.render_systemd_unit(spec, nginx),
             "nginx_argv": gateway.nginx_argv(spec, nginx),
         }

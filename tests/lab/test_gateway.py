@@ -9,6 +9,7 @@ controller's, installed by .ci/setup).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -71,8 +72,7 @@ def probe_argv(url: str, *args: str) -> list[str]:
 
 
 def probe(url: str, *args: str) -> dict:
-    result = subprocess.run(probe_argv(url, *args), capture_output=True, text=True, timeout=300,
-                            env=None)
+    result = subprocess.run(probe_argv(url, *args), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout)["data"]["metrics"]
 
@@ -108,7 +108,7 @@ def test_a_drained_restarted_and_undrained_instance_costs_no_request(gateway_lab
     lab, path = gateway_lab
     load = subprocess.Popen(probe_argv(GATEWAY, "--rate", "5", "--requests", "300", "--output-tokens", "48"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "DSCTL_LAB_ROOT": str(LAB_ROOT)})
+                            env={**os.environ, "DSCTL_LAB_ROOT": str(LAB_ROOT)})
     try:
         time.sleep(5)
         drained = gateway.drain(path, ["lab-01/chat-0"])

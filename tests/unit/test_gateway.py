@@ -190,3 +190,14 @@ def test_the_systemd_unit_runs_nginx_with_the_gateway_config():
     assert "ExecStart=/usr/sbin/nginx -c /etc/dsctl/gateway/nginx.conf -e /var/log/dsctl/gateway-error.log" in unit
     assert "ExecReload=/usr/sbin/nginx -c /etc/dsctl/gateway/nginx.conf" in unit and "-s reload" in unit
     assert "PIDFile=/run/dsctl-gateway.pid" in unit
+
+
+def test_the_config_answers_its_fingerprint_which_changes_with_the_members():
+    up = plan_gateway(target(), fleet())
+    drained = plan_gateway(target(), fleet(), drain=["lab-01/chat-0"])
+    assert gateway.fingerprint(up) != gateway.fingerprint(drained)
+    assert gateway.fingerprint(up) == gateway.fingerprint(plan_gateway(target(), fleet()))
+    text = gateway.render_config(drained)
+    assert 'location = "/dsctl-gateway/config"' in text
+    assert f'return 200 "{gateway.fingerprint(drained)}";' in text
+    assert gateway.config_url(up) == "http://127.0.0.1:8080/dsctl-gateway/config"

@@ -31,7 +31,9 @@ failed request.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -467,13 +469,33 @@ def listen_address(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+CONFIG_PATH = "/dsctl-gateway/config"
+
+
+def fingerprint(plan: GatewayPlan) -> str:
+    """A short hash of everything the configuration holds.  Each server of the gateway answers it on
+    ``CONFIG_PATH``: ``nginx -s reload`` returns before the master has applied the new file (and a master that
+    cannot apply it keeps the old one), so dsctl knows the new configuration is live when it reads this back."""
+    payload = {"spec": plan.target.spec.model_dump(mode="json"),
+               "members": [member.to_dict() for member in plan.members]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_url(plan: GatewayPlan) -> str:
+    """Where the gateway host itself reads the live configuration's fingerprint."""
+    spec = plan.target.spec
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(spec.listen, spec.listen)
+    return f"http://{listen_address(address, spec.services[0].port)}{CONFIG_PATH}"
+
+
 def render_config(plan: GatewayPlan) -> str:
     """nginx.conf of the gateway (``templates/gateway/nginx.conf.j2``)."""
     spec = plan.target.spec
     servers = [{"service": route.service, "listen": listen_address(spec.listen, route.port),
                 "upstream": upstream_name(route.service), "members": plan.upstreams[route.service]}
                for route in spec.services]
-    return _environment().get_template("gateway/nginx.conf.j2").render(spec=spec, servers=servers)
+    return _environment().get_template("gateway/nginx.conf.j2").render(
+        spec=spec, servers=servers, fingerprint=fingerprint(plan), config_path=CONFIG_PATH)
 
 
 def render_systemd_unit(spec: GatewaySpec, nginx: str = "/usr/sbin/nginx") -> str:
