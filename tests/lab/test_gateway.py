@@ -106,7 +106,8 @@ def test_deploy_brings_the_gateway_up_and_it_balances_over_both_hosts(gateway_la
 
 def test_a_drained_restarted_and_undrained_instance_costs_no_request(gateway_lab):
     lab, path = gateway_lab
-    load = subprocess.Popen(probe_argv(GATEWAY, "--rate", "5", "--requests", "300", "--output-tokens", "48"),
+    # about 150 s of load: longer than a drain, a restart and an undrain take on a busy 2-core machine
+    load = subprocess.Popen(probe_argv(GATEWAY, "--rate", "4", "--requests", "600", "--output-tokens", "48"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "DSCTL_LAB_ROOT": str(LAB_ROOT)})
     try:
@@ -132,7 +133,7 @@ def test_a_drained_restarted_and_undrained_instance_costs_no_request(gateway_lab
             load.communicate()
     assert load.returncode == 0, stdout + stderr
     metrics = json.loads(stdout)["data"]["metrics"]
-    assert (metrics["completed"], metrics["failed"]) == (300, 0)
+    assert (metrics["completed"], metrics["failed"]) == (600, 0)
     # the restarted instance (its counters start at 0) served again once it was back in the gateway
     assert served(INSTANCES[("lab-01", "chat-0")]) > 0
 
