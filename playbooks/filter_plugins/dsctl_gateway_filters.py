@@ -67,8 +67,8 @@ def gateway_targets(groups, hostvars) -> list[dict]:
 def _fleet(groups, hostvars) -> list:
     names = list(groups.get(FLEET_GROUP, []))
     settings = inventory_schema.validate_fleet({name: _dsctl_vars(hostvars[name]) for name in names})
-    return [gateway.FleetHost(name, str(hostvars[name].get("ansible_host", name)), settings[name].services,
-                              settings[name].dsctl_npu_count) for name in names]
+    return gateway.fleet_hosts({name: {"ansible_host": hostvars[name].get("ansible_host", name)} for name in names},
+                               settings)
 
 
 def gateway_plan(name, groups, hostvars, drained_state="", drain=None, undrain=None, nginx="/usr/sbin/nginx") -> dict:

@@ -201,3 +201,16 @@ def test_the_config_answers_its_fingerprint_which_changes_with_the_members():
     assert 'location = "/dsctl-gateway/config"' in text
     assert f'return 200 "{gateway.fingerprint(drained)}";' in text
     assert gateway.config_url(up) == "http://127.0.0.1:8080/dsctl-gateway/config"
+
+
+def test_a_whole_inventory_is_planned_from_validated_settings():
+    from dsctl.core.fleet.inventory_schema import validate_fleet
+
+    fleet_vars = {name: {"dsctl_npu_count": 8, "dsctl_package_source": "/srv", "dsctl_services": [chat()],
+                         "ansible_host": address} for name, address in (("lab-01", "10.0.0.1"), ("lab-02", "10.0.0.2"))}
+    settings = validate_fleet({name: {k: v for k, v in values.items() if k.startswith("dsctl_")}
+                               for name, values in fleet_vars.items()})
+    [plan] = gateway.plan_inventory({"gw": {"dsctl_gateway": {"services": [{"service": "chat", "port": 80}]}}},
+                                    fleet_vars, settings)
+    assert [m.server for m in plan.members] == ["10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.0.0.2:8001"]
+    assert gateway.plan_inventory({}, fleet_vars, settings) == []

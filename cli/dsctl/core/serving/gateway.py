@@ -507,3 +507,21 @@ def nginx_argv(spec: GatewaySpec, nginx: str = "/usr/sbin/nginx") -> list[str]:
     """nginx with the gateway's own configuration (never the distribution's /etc/nginx) and, before that is
     read, its own error log (``-e``, nginx 1.19.5+)."""
     return [nginx, "-c", spec.config_file, "-e", spec.error_log]
+
+
+# --------------------------------------------------------------------------- a whole inventory
+
+
+def fleet_hosts(fleet_vars: Mapping[str, Mapping[str, Any]], settings: Mapping[str, Any]) -> list[FleetHost]:
+    """The planner's view of the fleet: ``settings`` are `validate_fleet`'s (services, dsctl_npu_count), each
+    host reached at its ``ansible_host`` (else its inventory name)."""
+    return [FleetHost(str(name), str(values.get("ansible_host", name)), tuple(settings[name].services),
+                      int(settings[name].dsctl_npu_count)) for name, values in fleet_vars.items()]
+
+
+def plan_inventory(gateway_hosts: Mapping[str, Mapping[str, Any]], fleet_vars: Mapping[str, Mapping[str, Any]],
+                   settings: Mapping[str, Any]) -> list[GatewayPlan]:
+    """Every gateway the inventory declares, planned with nothing drained: what a verb checks before any host
+    changes (`GatewayError`, one line, on the first problem); [] when the inventory declares none."""
+    fleet = fleet_hosts(fleet_vars, settings)
+    return [plan_gateway(target, fleet) for target in gateway_targets(gateway_hosts, fleet_vars)]
