@@ -32,7 +32,7 @@ options:
 
 TAIL_LINES = 20
 MSG_MAX = 500
-FACT_PREFIXES = ("ascend_", "dsctl_", "inference_service_")
+FACT_PREFIXES = ("ascend_", "dsctl_", "inference_service_", "gateway_report")
 NO_LOG_MSG = "output hidden (no_log)"
 
 

@@ -114,6 +114,11 @@ class HostSettings(BaseModel):
     ] = "systemd"
     dsctl_service_config_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/etc/dsctl/services"
     dsctl_service_log_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/var/log/dsctl"
+    # The gateway in front of the instances: checked by dsctl.core.serving.gateway when the gateway is planned.
+    dsctl_gateway: Annotated[Any, Field(description="a mapping (see dsctl.core.serving.gateway)")] = None
+    dsctl_gateway_on_controller: Annotated[Flag, Field(description=_FLAG)] = False
+    dsctl_gateway_drain: Annotated[Any, Field(description="a list of host/instance")] = None
+    dsctl_gateway_undrain: Annotated[Any, Field(description="a list of host/instance")] = None
 
     # Not an inventory variable: validate_fleet attaches the resolved stack here.  validate_host_vars only
     # passes dsctl_* keys in, so an inventory cannot set it.
