@@ -22,7 +22,7 @@ import pytest
 import dsctl
 from dsctl.engine.text import count_tokens
 
-from .conftest import free_port
+from .conftest import free_port, install_toolkits
 
 CLI = Path(dsctl.__file__).resolve().parents[1]
 
@@ -33,7 +33,8 @@ READY_LINE = "Uvicorn running on"
 
 
 class Engine:
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, stdlib_only: bool = False):
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, stdlib_only: bool = False,
+                 unset: tuple[str, ...] = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")):
         self.port = free_port()
         self.log = tmp / f"engine-{self.port}.log"
         self.err = tmp / f"engine-{self.port}.err"
@@ -43,8 +44,9 @@ class Engine:
                        "from dsctl.engine.__main__ import main; sys.exit(main(sys.argv[1:]))", *argv]
         else:
             command = [sys.executable, "-m", "dsctl.engine", *argv]
+        environ = {name: value for name, value in os.environ.items() if name not in unset}
         self.proc = subprocess.Popen(command, stdout=self.log.open("w"), stderr=self.err.open("w"),
-                                     env={**os.environ, **(env or {})})
+                                     env={**environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 20.0) -> Engine:
         deadline = time.monotonic() + timeout
@@ -545,5 +547,46 @@ def test_kv_pressure_preempts_and_every_request_still_completes(tmp_path):
         after = metrics(started.port)
         assert series(after, "vllm:num_preemptions_total") > 0
         assert series(after, "vllm:kv_cache_usage_perc") == 0
+    finally:
+        started.stop()
+
+
+# --------------------------------------------------------------------------- the CANN it runs on
+
+
+def sourced(script: Path) -> dict[str, str]:
+    """The environment a shell has after ``. script`` (CANN's set_env.sh), as a launch script's exec gets it."""
+    out = subprocess.run(["bash", "-c", f". {script} && env -0"], capture_output=True, check=True,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("ASCEND_")}).stdout
+    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+
+
+def test_engine_reports_the_cann_its_environment_points_at(tmp_path):
+    home = install_toolkits(tmp_path / "Ascend", ["8.0.0", "8.3.RC2"], active="8.3.RC2")
+    env = sourced(home / "set_env.sh")
+    assert env["ASCEND_TOOLKIT_HOME"] == f"{tmp_path}/Ascend/ascend-toolkit/latest"
+    started = Engine(tmp_path, MODEL, "--max-model-len", "4096", "--startup", "0", env=env).wait_ready()
+    try:
+        version = json.loads(request(started.port, "GET", "/version")[2])
+        assert version["cann"] == "8.3.RC2" and version["cann_toolkit"] == str(home / "8.3.RC2")
+        assert f"CANN version: 8.3.RC2 (toolkit at {home / '8.3.RC2'})" in started.log.read_text()
+    finally:
+        started.stop()
+    install_toolkits(tmp_path / "Ascend2", ["8.0.0", "8.3.RC2"], active="8.0.0")  # another host, switched back
+    env = sourced(tmp_path / "Ascend2" / "ascend-toolkit" / "set_env.sh")
+    started = Engine(tmp_path, MODEL, "--max-model-len", "4096", "--startup", "0", env=env).wait_ready()
+    try:
+        assert json.loads(request(started.port, "GET", "/version")[2])["cann"] == "8.0.0"
+    finally:
+        started.stop()
+
+
+def test_engine_without_a_cann_environment_warns_and_reports_null(tmp_path):
+    started = Engine(tmp_path, MODEL, "--max-model-len", "4096", "--startup", "0").wait_ready()
+    try:
+        version = json.loads(request(started.port, "GET", "/version")[2])
+        assert version["cann"] is None and version["version"]
+        assert re.search(r"WARNING .*CANN toolkit not found: ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset",
+                         started.log.read_text())
     finally:
         started.stop()

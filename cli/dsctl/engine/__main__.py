@@ -35,6 +35,17 @@ from dsctl import __version__
 logger = logging.getLogger("dsctl.engine")
 
 ENGINE_VERSION = f"{__version__}+dsctl.emu"
+
+
+def vllm_version() -> str:
+    """What GET /version reports: the installed vllm distribution's version (the lab's stand-in vllm in a
+    serving venv), else the emulated engine's own."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return ENGINE_VERSION
 MEMORY_ENV = ("PYTORCH_NPU_ALLOC_CONF", "NPU_MEMORY_FRACTION", "TASK_QUEUE_ENABLE", "HCCL_BUFFSIZE",
               "HCCL_OP_EXPANSION_MODE", "CPU_AFFINITY_CONF", "OMP_NUM_THREADS", "LD_PRELOAD")
 DEFAULT_VISIBLE_NPUS = 8  # an Atlas 800T A2 when ASCEND_RT_VISIBLE_DEVICES is unset
@@ -222,7 +233,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from dsctl.engine import profiles, server
+    from dsctl.engine import cann, profiles, server
     from dsctl.engine.metrics import EngineMetrics
     from dsctl.engine.text import divergence_probability
 
@@ -236,6 +247,9 @@ def serve(args: argparse.Namespace) -> int:
     except StartupError as exc:
         return _fail(str(exc))
     _log_config(args, plan)
+    found = cann.resolve(os.environ)
+    (logger.info if found.version else logger.warning)("%s", found.log_line())
+    plan["cann"] = found
     host = args.host if args.host is not None else "0.0.0.0"
     try:
         sock = _bind(host, args.port)  # vLLM binds before building the engine, and listens only once it is up
@@ -290,7 +304,7 @@ def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock:
         divergence=divergence_probability(plan["keep"]), record=args.record,
         access_log=not args.disable_uvicorn_access_log,
         log_stats_interval=0.0 if args.disable_log_stats else float(os.environ.get("VLLM_LOG_STATS_INTERVAL", 10)),
-        version=ENGINE_VERSION)
+        version=vllm_version(), cann=plan["cann"].version, cann_toolkit=plan["cann"].toolkit)
     metrics = metrics_cls(served[0], plan["max_model_len"], {
         "block_size": str(args.block_size), "cache_dtype": "auto",
         "gpu_memory_utilization": str(args.gpu_memory_utilization), "num_gpu_blocks": str(blocks),

@@ -73,6 +73,8 @@ class ServerConfig:
     access_log: bool = True
     log_stats_interval: float = 10.0
     version: str = "0.0"
+    cann: str | None = None  # the CANN toolkit version the engine found in its environment (None: none)
+    cann_toolkit: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -524,7 +526,8 @@ class HttpServer:
                                                              self.config.max_model_len, self.config.created),
                              keep_alive)
             elif path == "/version":
-                self._simple(writer, 200, {"version": self.config.version}, keep_alive)
+                self._simple(writer, 200, {"version": self.config.version, "cann": self.config.cann,
+                                           "cann_toolkit": self.config.cann_toolkit}, keep_alive)
             else:
                 parse = openai.parse_chat if path == "/v1/chat/completions" else openai.parse_completion
                 client_id = headers.get("x-request-id") or None
