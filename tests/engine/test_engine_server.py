@@ -523,7 +523,7 @@ def test_chunked_request_body_and_expect_continue(engine):
 
 
 def test_kv_pressure_preempts_and_every_request_still_completes(tmp_path):
-    started = Engine(tmp_path, MODEL, "--max-model-len", "2048", "--gpu-memory-utilization", "0.3", "--startup", "0",
+    started = Engine(tmp_path, MODEL, "--max-model-len", "2048", "--gpu-memory-utilization", "0.28", "--startup", "0",
                      "--disable-uvicorn-access-log").wait_ready()
     try:
         capacity = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", started.log.read_text()).group(1)
