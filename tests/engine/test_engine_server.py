@@ -590,3 +590,46 @@ def test_engine_without_a_cann_environment_warns_and_reports_null(tmp_path):
                          started.log.read_text())
     finally:
         started.stop()
+
+
+# --------------------------------------------------------------------------- memory that runs out
+
+
+def test_long_prompt_on_a_fragmenting_allocator_kills_the_engine_with_aclrtmalloc(tmp_path):
+    args = (MODEL, "--max-model-len", "32768", "--no-enable-chunked-prefill", "--gpu-memory-utilization", "0.97",
+            "--startup", "0")
+    long_prompt = {"prompt": "a " * 30000, "max_tokens": 4}
+    fragmenting = Engine(tmp_path, *args, unset=("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH",
+                                                 "PYTORCH_NPU_ALLOC_CONF")).wait_ready()
+    try:
+        assert request(fragmenting.port, "POST", "/v1/completions", {"prompt": "a " * 1000, "max_tokens": 4})[0] == 200
+        with pytest.raises((ConnectionError, ValueError, IndexError)):
+            request(fragmenting.port, "POST", "/v1/completions", long_prompt)
+        assert fragmenting.proc.wait(30) == 1
+        err = fragmenting.err.read_text()
+        assert "aclrtMalloc failed" in fragmenting.log.read_text() and "EngineDeadError" in err
+        assert "RuntimeError: NPU out of memory" in err
+    finally:
+        fragmenting.stop()
+    expandable = Engine(tmp_path, *args, env={"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}).wait_ready()
+    try:
+        status, _, raw = request(expandable.port, "POST", "/v1/completions", long_prompt)
+        assert status == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 30000
+    finally:
+        expandable.stop()
+
+
+def test_a_token_budget_too_large_for_memory_fails_vllms_profiling_run(tmp_path):
+    started = Engine(tmp_path, MODEL, "--max-model-len", "131072", "--no-enable-chunked-prefill", "--startup", "0")
+    assert started.proc.wait(30) == 1
+    assert "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`" in \
+        started.err.read_text()
+    small = Engine(tmp_path, MODEL, "--max-model-len", "131072", "--startup", "0").wait_ready()  # chunked: 2048
+    small.stop()
+
+
+def test_tensor_parallel_size_must_divide_the_heads(tmp_path):
+    started = Engine(tmp_path, MODEL, "-tp", "8")
+    assert started.proc.wait(30) == 1
+    assert ("ValueError: Total number of attention heads (28) must be divisible by tensor parallel size (8)."
+            in started.err.read_text())

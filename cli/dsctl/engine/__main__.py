@@ -388,6 +388,11 @@ async def _run(server: Any, scheduler: Any, config: Any, metrics: Any, sock: soc
         out.flush()
 
     await server.serve(engine, http, sock, host, port, stop, ready)
+    if engine.fatal is not None:
+        sys.stdout.flush()
+        print(f"{engine.fatal.splitlines()[-1]}\nvllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+              f"issue. See stack trace (above) for the root cause.", file=sys.stderr, flush=True)
+        return 1
     sys.stdout.write("INFO:     Shutting down\nINFO:     Waiting for application shutdown.\n"
                      f"INFO:     Application shutdown complete.\nINFO:     Finished server process [{pid}]\n")
     sys.stdout.flush()

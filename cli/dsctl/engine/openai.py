@@ -71,6 +71,7 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool
     created: int
+    text: str = ""  # the prompt as the engine tokenises it (prefix caching hashes its blocks)
 
 
 def _bad(message: str) -> ApiError:
@@ -170,8 +171,9 @@ def parse_completion(body: bytes, served: list[str], max_model_len: int, request
     model, stream, include_usage, continuous, seed = _common(data, served)
     max_tokens = _int_field(data, "max_tokens", 1)
     max_tokens = _check_length(tokens, max_tokens, max_model_len, DEFAULT_COMPLETION_MAX_TOKENS)
+    text = prompt if isinstance(prompt, str) else " ".join(str(t) for t in prompt)
     return GenerationRequest("completion", f"cmpl-{new_id(request_id)}", model, tokens, prompt_key(prompt, seed),
-                             max_tokens, stream, include_usage, continuous, int(time.time()))
+                             max_tokens, stream, include_usage, continuous, int(time.time()), text)
 
 
 def _message_text(message: Any) -> str:
@@ -208,7 +210,7 @@ def parse_chat(body: bytes, served: list[str], max_model_len: int, request_id: s
     max_tokens = _check_length(tokens, max_tokens, max_model_len, None)
     rendered = "\n".join(f"<{role}>{text}" for role, text in texts)
     return GenerationRequest("chat", f"chatcmpl-{new_id(request_id)}", model, tokens, prompt_key(rendered, seed),
-                             max_tokens, stream, include_usage, continuous, int(time.time()))
+                             max_tokens, stream, include_usage, continuous, int(time.time()), rendered)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

@@ -41,10 +41,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsctl.core.perf.engine_sched import Request, Scheduler
+from dsctl.core.perf.engine_sched import OutOfMemory, Request, Scheduler
 from dsctl.engine import openai
 from dsctl.engine.metrics import EngineMetrics
-from dsctl.engine.text import SyntheticText
+from dsctl.engine.text import SyntheticText, block_hashes, token_units
 
 logger = logging.getLogger("dsctl.engine")
 
@@ -132,6 +132,8 @@ class Engine:
         self._ids = 0
         self._window_prompt = 0
         self._window_generation = 0
+        self.fatal: str | None = None  # the engine core died (out of memory under load): the process exits 1
+        self.on_fatal: Any = None
 
     # virtual <-> wall, on the loop's monotonic clock
     def _virtual_to_mono(self, virtual: float) -> float:
@@ -139,8 +141,10 @@ class Engine:
 
     def submit(self, gen: openai.GenerationRequest, client_id: str, arrival: float | None = None) -> Live:
         self._ids += 1
+        hashes = block_hashes(token_units(gen.text), self.sched.block_size) \
+            if self.sched.enable_prefix_caching and gen.text else ()
         sreq = Request(id=f"{gen.request_id}#{self._ids}", prompt_tokens=gen.prompt_tokens, max_tokens=gen.max_tokens,
-                       arrival=self.sched.now)
+                       arrival=self.sched.now, block_hashes=hashes)
         text = SyntheticText(gen.key, seed=self.config.seed, divergence=self.config.divergence)
         live = Live(gen, sreq, text, client_id, arrival)
         sreq.payload = live
@@ -158,6 +162,24 @@ class Engine:
         live.wake()
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except OutOfMemory as exc:
+            # A real engine core dies here (EngineDeadError): every request in flight fails, the server exits.
+            self.fatal = str(exc)
+            for line in str(exc).splitlines():
+                logger.error("%s", line)
+            logger.error("EngineCore encountered a fatal error.")
+            for request in [r for s in self.sched.streams for r in s.running] + list(self.sched.waiting):
+                live = request.payload
+                if live is not None and not live.recorded:
+                    self.abort(live)
+                    if live.transport is not None:
+                        live.transport.close()
+            if self.on_fatal is not None:
+                self.on_fatal()
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         scale = self.config.time_scale
         multi = self.sched.stream_num > 1
@@ -599,6 +621,7 @@ class HttpServer:
 async def serve(engine: Engine, server: HttpServer, sock: Any, host: str, port: int, stop: asyncio.Event,
                 on_ready: Any = None) -> None:
     """Accept connections on an already bound socket until ``stop`` is set."""
+    engine.on_fatal = stop.set
     loop_task = asyncio.create_task(engine.run())
     stats_task = asyncio.create_task(engine.log_stats()) if engine.config.log_stats_interval > 0 else None
     loop = asyncio.get_running_loop()
