@@ -285,6 +285,25 @@ def test_bad_requests_are_400(engine, path, body):
     assert data["message"]
 
 
+def test_malformed_numbers_and_deep_json_are_400_and_the_engine_lives_on(engine):
+    for raw in (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", b"[" * 100000 + b"]" * 100000):
+        status, _, body = request(engine.port, "POST", "/v1/completions", raw, AUTH)
+        assert status == 400 and json.loads(body)["type"] == "BadRequestError"
+    assert request(engine.port, "GET", "/health")[0] == 200
+
+
+def test_idle_and_half_sent_connections_are_closed(engine):
+    from dsctl.engine import server
+
+    began = time.monotonic()
+    with socket.create_connection(("127.0.0.1", engine.port), timeout=30) as idle:
+        assert idle.recv(1) == b""  # closed by the server after the idle timeout
+    assert server.IDLE_TIMEOUT_SECONDS - 0.5 < time.monotonic() - began < server.IDLE_TIMEOUT_SECONDS + 5
+    with socket.create_connection(("127.0.0.1", engine.port), timeout=30) as slow:
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes its head
+        assert slow.recv(1) == b""
+
+
 def test_context_length_message(engine):
     _, _, raw = request(engine.port, "POST", "/v1/completions", {"prompt": "x y", "max_tokens": 5000}, AUTH)
     assert json.loads(raw)["message"].startswith("'max_tokens' or 'max_completion_tokens' is too large: 5000. "
@@ -368,6 +387,22 @@ def test_metrics_names_and_counts(engine):
                  "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total"):
         assert series(after, name) >= 0
     assert series(after, "vllm:num_requests_running") == 0 and series(after, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_metrics_parse_with_prometheus_clients_parser(engine):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert request(engine.port, "POST", "/v1/completions", {"prompt": "count me", "max_tokens": 3}, AUTH)[0] == 200
+    families = {f.name: f for f in text_string_to_metric_families(request(engine.port, "GET", "/metrics")[2].decode())}
+    for name in ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"):
+        family = families[name]
+        assert family.type == "counter" and family.samples, name
+        assert all(sample.name == f"{name}_total" for sample in family.samples)
+    assert sum(s.value for s in families["vllm:generation_tokens"].samples) >= 3
+    ttft = families["vllm:time_to_first_token_seconds"]
+    assert ttft.type == "histogram" and any(s.name.endswith("_bucket") for s in ttft.samples)
+    assert families["vllm:time_to_first_token_seconds_created"].type == "gauge"
+    assert families["vllm:kv_cache_usage_perc"].type == "gauge"
 
 
 def test_hundreds_of_concurrent_streams(engine):

@@ -81,7 +81,9 @@ def _bad(message: str) -> ApiError:
 def _load(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:  # nesting deeper than the interpreter's stack: refused, not a crash
+        raise _bad("JSON decode error: the body is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and ints beyond sys.get_int_max_str_digits()
         raise _bad(f"JSON decode error: {exc}") from None
     if not isinstance(data, dict):
         raise _bad("Input should be a valid dictionary or object to extract fields from")

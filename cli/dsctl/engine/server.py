@@ -53,6 +53,12 @@ REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# Bounds on what clients can hold (uvicorn's timeout_keep_alive is 5 s; --limit-concurrency answers 503):
+IDLE_TIMEOUT_SECONDS = 5.0     # a kept-alive connection with no new request is closed
+HEADER_TIMEOUT_SECONDS = 10.0  # a request head must be complete this long after its first byte
+BODY_TIMEOUT_SECONDS = 30.0    # and its body this long after the head
+MAX_CONNECTIONS = 1000         # more open connections are answered 503 and closed (fds stay available)
+MAX_BODY_BYTES_TOTAL = 256 * 1024 * 1024  # request bodies being read at once, over all connections
 DISCONNECT_CHECK_SECONDS = 1.0
 WRITE_SLICE_SECONDS = 0.0001  # the longest the engine loop writes tokens before it lets the event loop read requests
 WRITE_HIGH_WATER = 64 * 1024  # bytes buffered in a transport above which its handler drains and merges events
@@ -377,24 +383,36 @@ class _Reader(asyncio.StreamReader):
         super().feed_data(data)
 
 
+async def _first_byte(reader: asyncio.StreamReader) -> None:
+    """Wait until the connection has data (or is closed), without consuming it."""
+    if not reader._buffer and not reader.at_eof():  # noqa: SLF001 - StreamReader has no public peek
+        await reader._wait_for_data("idle")  # noqa: SLF001
+
+
 class HttpServer:
     def __init__(self, engine: Engine, config: ServerConfig):
         self.engine = engine
         self.config = config
         self.ready = False
         self.connections: set[asyncio.StreamWriter] = set()
+        self.body_bytes_in_flight = 0
 
     # -- connection ---------------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self.connections) >= MAX_CONNECTIONS:
+            self._simple(writer, 503, {"detail": "Service Unavailable"}, False)
+            writer.close()
+            return
         self.connections.add(writer)
         peer = writer.get_extra_info("peername") or ("-", 0)
         client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         try:
             while True:
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
+                    await asyncio.wait_for(_first_byte(reader), IDLE_TIMEOUT_SECONDS)
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_SECONDS)
+                except (asyncio.IncompleteReadError, TimeoutError):
                     break
                 except asyncio.LimitOverrunError:
                     self._simple(writer, 431, {"detail": "Request Header Fields Too Large"}, False)
@@ -402,7 +420,10 @@ class HttpServer:
                 try:
                     method, target, version, headers = self._parse_head(head)
                     keep_alive = self._keep_alive(version, headers)
-                    body = await self._read_body(reader, writer, version, headers)
+                    body = await asyncio.wait_for(self._read_body(reader, writer, version, headers),
+                                                  BODY_TIMEOUT_SECONDS)
+                except TimeoutError:
+                    break
                 except HttpError as exc:
                     self._simple(writer, exc.status, {"detail": REASONS.get(exc.status, "Bad Request")}, False)
                     break
@@ -455,11 +476,29 @@ class HttpServer:
         length_text = headers.get("content-length")
         if not chunked and not length_text:
             return b""
+        announced = 0
+        if not chunked:
+            try:
+                announced = int(length_text or "0")
+            except ValueError:
+                raise HttpError(400) from None
+            if announced < 0:
+                raise HttpError(400)
+            if announced > MAX_BODY_BYTES:
+                raise HttpError(413)
+            if self.body_bytes_in_flight + announced > MAX_BODY_BYTES_TOTAL:
+                raise HttpError(503)
         if headers.get("expect", "").lower() == "100-continue" and version == "HTTP/1.1":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if chunked:
-            parts: list[bytes] = []
-            total = 0
+        if not chunked:
+            self.body_bytes_in_flight += announced
+            try:
+                return await reader.readexactly(announced)
+            finally:
+                self.body_bytes_in_flight -= announced
+        parts: list[bytes] = []
+        total = 0
+        try:
             while True:
                 size_line = await reader.readuntil(b"\r\n")
                 try:
@@ -470,20 +509,16 @@ class HttpServer:
                     while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                         pass
                     return b"".join(parts)
-                total += size
-                if total > MAX_BODY_BYTES:
+                if total + size > MAX_BODY_BYTES:
                     raise HttpError(413)
+                if self.body_bytes_in_flight + size > MAX_BODY_BYTES_TOTAL:
+                    raise HttpError(503)
+                total += size
+                self.body_bytes_in_flight += size
                 parts.append(await reader.readexactly(size))
                 await reader.readexactly(2)
-        try:
-            length = int(length_text or "0")
-        except ValueError:
-            raise HttpError(400) from None
-        if length < 0:
-            raise HttpError(400)
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413)
-        return await reader.readexactly(length)
+        finally:
+            self.body_bytes_in_flight -= total
 
     # -- responses ----------------------------------------------------------
 
