@@ -309,10 +309,15 @@ class Scheduler:
         None when idle.  An event is an iteration ending, or (multi-stream) a stream moving from its
         overhead to its device part; ``advance`` past it returns no tokens in the latter case.
         """
-        for stream in self.streams:
-            if not stream.busy:
+        if self.stream_num == 1:  # one stream: no sharing, no phases
+            stream = self.streams[0]
+            if not stream.scheduled:
                 self._start(stream)
-        busy = [s for s in self.streams if s.busy]
+            return stream.device_left if stream.scheduled else None
+        for stream in self.streams:
+            if not stream.scheduled:
+                self._start(stream)
+        busy = [s for s in self.streams if s.scheduled]
         if not busy:
             return None
         sharing = sum(1 for s in busy if s.host_left <= 0) or 1
@@ -322,8 +327,21 @@ class Scheduler:
         """Let ``seconds`` pass; finish the iterations that end by then.  Returns (request, tokens) events."""
         seconds = max(seconds, 0.0)
         events: list[tuple[Request, int]] = []
+        if self.stream_num == 1:
+            stream = self.streams[0]
+            while stream.scheduled and seconds > _EPS:
+                dt = min(seconds, stream.device_left)
+                self.now += dt
+                seconds -= dt
+                stream.device_left -= dt
+                if stream.device_left <= _EPS:
+                    events.extend(self._complete(stream))
+                    break  # the caller polls again before more time passes
+            if not stream.scheduled and seconds > _EPS:
+                self.now += seconds
+            return events
         while True:
-            busy = [s for s in self.streams if s.busy]
+            busy = [s for s in self.streams if s.scheduled]
             if not busy:
                 self.now += seconds
                 return events
@@ -435,12 +453,14 @@ class Scheduler:
             return
         prefill_tokens = prefill_context = decode_batch = decode_kv = 0
         longest_chunk = longest_sequence = 0
+        now = self.now
         for request, tokens in scheduled:
             if request.scheduled_at is None:
-                request.scheduled_at = self.now
-            if request.is_decode:
+                request.scheduled_at = now
+            computed = request.num_computed
+            if request.output_tokens and request.prompt_tokens + request.output_tokens - computed == 1:  # a decode
                 decode_batch += 1
-                decode_kv += request.num_computed + 1
+                decode_kv += computed + 1
             else:
                 prefill_tokens += tokens
                 prefill_context += request.num_computed
@@ -497,14 +517,22 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         index = 0
-        while index < len(stream.running) and budget > 0:
-            request = stream.running[index]
-            tokens = request.uncomputed
+        running = stream.running
+        block_size = self.block_size
+        while index < len(running) and budget > 0:
+            request = running[index]
+            computed = request.num_computed
+            tokens = request.prompt_tokens + request.output_tokens - computed
             if tokens > budget:
                 if not self.enable_chunked_prefill:
                     index += 1  # a whole prefill that does not fit this iteration waits for a later one
                     continue
                 tokens = budget
+            if -(-(computed + tokens) // block_size) <= request.blocks:  # fast path: its blocks suffice
+                scheduled.append((request, tokens))
+                budget -= tokens
+                index += 1
+                continue
             while not self._allocate(request, request.num_computed + tokens):
                 preempted = True
                 if self._preempt(stream) is request:
@@ -536,23 +564,24 @@ class Scheduler:
     def _complete(self, stream: _Stream) -> list[tuple[Request, int]]:
         events: list[tuple[Request, int]] = []
         total = 0
+        now = self.now
         for request, tokens in stream.scheduled:
             total += tokens
             if request.status != RUNNING:
                 continue  # aborted while in flight
             request.num_computed += tokens
-            if request.num_computed < request.num_tokens:
+            if request.num_computed < request.prompt_tokens + request.output_tokens:
                 continue  # a chunk of a longer prefill
             if request.first_token_at is None:
-                request.first_token_at = self.now
+                request.first_token_at = now
                 self.prompt_tokens_total += request.prompt_tokens
                 self._remember_prefix(request)
             request.output_tokens += 1
-            request.token_times.append(self.now)
+            request.token_times.append(now)
             self.generation_tokens_total += 1
             if request.output_tokens >= request.max_tokens:
                 request.status = FINISHED
-                request.finished_at = self.now
+                request.finished_at = now
                 stream.running.remove(request)
                 self._free(request)
                 self._by_id.pop(request.id, None)
