@@ -47,6 +47,20 @@ below are Proposed (no public source documents the engine's internals):
   shares the device (ITL worse, and beyond the host share throughput falls again); a larger batch
   amortises the weights (throughput) but waits longer to drain and pads more (TTFT, ITL).
 
+No single corner of (B, S, threshold) wins.  From the offline evaluator (dsctl.core.perf.evaluate; R1-Distill-
+Qwen-7B on one 910B3, prompts uniform 64-1024, outputs uniform 16-192, 100 Poisson requests, seed 0, output
+agreement >= 0.9 required) over B in {1, 4, 16, 64} x S in {1, 2, 8} x threshold in {0, 0.15, 0.5}; corners
+are the extremes of each axis (tests/unit/test_evaluate.py::test_no_single_corner_wins reproduces it):
+
+    SLO / load                      meet  best (B, S, t)    goodput   at the best      best corner
+    itl  p99 <= 20 ms at 1 req/s       8  (4, 1, 0.15)      0.97/s    itl  17.0 ms     (64, 1, 0): 0.97/s, 18 ms
+    e2el p99 <= 15 s  at 1 req/s      12  (16, 1, 0.15)     0.97/s    e2el 5.92 s      (64, 1, 0): 0.97/s, 5.94 s
+    tpot p99 <= 60 ms at 4 req/s      16  (64, 2, 0)        3.29/s    tpot 33 ms       (64, 1, 0): 3.11/s, 23 ms
+
+Threshold 0.5 never qualifies (agreement 0.68); (64, 8, 0) does not start (512 full-length KV slots do not
+fit); 8 streams of one request each re-read the weights 8 times (ITL 103 ms).  No fixed-batch
+configuration meets ttft p99 <= 200 ms at 4 req/s: a request waits for a batch to drain.
+
 Knobs with an effect (sources and Proposed rules):
 
 * ``block_size``: KV allocated in blocks (internal fragmentation); blocks below vllm-ascend's 128 also cost
@@ -317,11 +331,24 @@ class Scheduler:
         for stream in self.streams:
             if not stream.scheduled:
                 self._start(stream)
+        return self._next_event()[0]
+
+    def _next_event(self) -> tuple[float | None, list[_Stream], int]:
+        """(seconds to the next phase end or None, busy streams, streams sharing the device)."""
         busy = [s for s in self.streams if s.scheduled]
         if not busy:
-            return None
-        sharing = sum(1 for s in busy if s.host_left <= 0) or 1
-        return min(s.host_left if s.host_left > 0 else s.device_left * sharing for s in busy)
+            return None, busy, 1
+        sharing = 0
+        for stream in busy:
+            if stream.host_left <= 0:
+                sharing += 1
+        sharing = sharing or 1
+        nxt = math.inf
+        for stream in busy:
+            value = stream.host_left if stream.host_left > 0 else stream.device_left * sharing
+            if value < nxt:
+                nxt = value
+        return nxt, busy, sharing
 
     def advance(self, seconds: float) -> list[tuple[Request, int]]:
         """Let ``seconds`` pass; finish the iterations that end by then.  Returns (request, tokens) events."""
@@ -341,12 +368,10 @@ class Scheduler:
                 self.now += seconds
             return events
         while True:
-            busy = [s for s in self.streams if s.scheduled]
-            if not busy:
+            nxt, busy, sharing = self._next_event()
+            if nxt is None:
                 self.now += seconds
                 return events
-            sharing = sum(1 for s in busy if s.host_left <= 0) or 1
-            nxt = min(s.host_left if s.host_left > 0 else s.device_left * sharing for s in busy)
             dt = min(seconds, nxt)
             self.now += dt
             seconds -= dt

@@ -103,3 +103,49 @@ def evaluate(config: engine_config.EngineConfig, workload: Workload, arrival: ar
     ends = [r.finished_at for r in done if r.finished_at is not None] or [sched.now]
     metrics = probe_metrics.calculate_metrics(records, max(ends), goodput_ms)
     return Evaluation(config, status, message, metrics, agreement, plan.capacity_tokens)
+
+
+# --------------------------------------------------------------------------- SLO targets over many configurations
+
+
+@dataclass(frozen=True)
+class Target:
+    """An SLO at a load: every bound (ms, vLLM goodput keys ttft/tpot/itl/e2el) holds at ``statistic`` over the run,
+    at ``rate`` requests/s (Poisson), and the output agrees with the unsparsified model on ``min_agreement`` of its
+    tokens. Among configurations that meet it, the best has the highest goodput (requests/s meeting the per-request
+    bounds, DistServe's definition as ``vllm bench serve --goodput`` computes it), then the lowest bound metric."""
+
+    name: str
+    rate: float
+    slo_ms: dict[str, float]
+    statistic: str = "p99"
+    min_agreement: float = 0.9
+
+    def goodput_bounds(self) -> dict[str, float]:
+        return {k: v for k, v in self.slo_ms.items() if k in probe_metrics.GOODPUT_METRICS}
+
+    def meets(self, e: Evaluation) -> bool:
+        return e.ok and e.agreement >= self.min_agreement and all(
+            e.value(metric, self.statistic) <= bound for metric, bound in self.slo_ms.items())
+
+    def goodput(self, e: Evaluation) -> float:
+        """Requests/s meeting the per-request bounds; ITL has none (it is per gap), so then every completed one."""
+        value = e.metrics.get("request_goodput")
+        if value is None:
+            value = e.metrics.get("request_throughput")
+        return value or 0.0
+
+    def rank(self, e: Evaluation) -> tuple[float, float]:
+        first = next(iter(self.slo_ms))
+        return (round(self.goodput(e), 6), -e.value(first, self.statistic))
+
+
+def run_target(config: engine_config.EngineConfig, target: Target, workload: Workload, requests: int,
+               seed: int = 0) -> Evaluation:
+    return evaluate(config, workload, arrivals.ArrivalSpec(rate=target.rate), requests, seed=seed,
+                    goodput_ms=target.goodput_bounds())
+
+
+def best(evaluations: list[Evaluation], target: Target) -> Evaluation | None:
+    meeting = [e for e in evaluations if target.meets(e)]
+    return max(meeting, key=target.rank) if meeting else None
