@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
+import re
 import sys
 import time
 
@@ -58,9 +59,10 @@ def knobs(config: EngineConfig, grid: dict[str, tuple]) -> str:
     return " ".join(f"{name}={getattr(config, name)}" for name in grid)
 
 
-def first_words(message: str) -> str:
+def failure_class(message: str) -> str:
+    """The failure's class: its last line up to the first number (the sizes differ per configuration)."""
     line = message.splitlines()[-1] if message else ""
-    return line[:90]
+    return re.split(r"\(?\d", line, maxsplit=1)[0].strip()[:100]
 
 
 def landscape(title: str, base: EngineConfig, grid: dict[str, tuple], requests: int) -> None:
@@ -74,20 +76,22 @@ def landscape(title: str, base: EngineConfig, grid: dict[str, tuple], requests: 
             e = run_target(config, target, workload(), requests)
             results[target.name].append(e)
             if e.status == FAILED_TO_START:
-                start_failures[first_words(e.message).split(":")[0] + ": " + first_words(e.message)[:60]] += 1
+                start_failures[failure_class(e.message)] += 1
                 for other in TARGETS[index + 1:]:
                     results[other.name].append(e)
                 break
-            if e.status == FAILED_UNDER_LOAD and index == 0:
-                load_failures[first_words(e.message)[:60]] += 1
+        under_load = [results[t.name][-1] for t in TARGETS if results[t.name][-1].status == FAILED_UNDER_LOAD]
+        if under_load:
+            load_failures[failure_class(under_load[0].message.splitlines()[-1])] += 1
     failed_start = sum(start_failures.values())
-    failed_load = sum(1 for e in results[TARGETS[0].name] if e.status == FAILED_UNDER_LOAD)
+    failed_load = sum(load_failures.values())
     print(f"\n== {title}: {len(candidates)} configurations ({' x '.join(grid)}), {requests} requests per run, "
           f"{time.monotonic() - began:.0f} s")
     print(f"fail to start: {failed_start}")
     for reason, count in start_failures.most_common(4):
         print(f"    {count:4d}  {reason}")
-    print(f"fail under load (at {TARGETS[0].rate:g} req/s): {failed_load}")
+    print(f"fail under load (at any of the targets' loads, {', '.join(f'{t.rate:g}' for t in TARGETS)} req/s): "
+          f"{failed_load}")
     for reason, count in load_failures.most_common(2):
         print(f"    {count:4d}  {reason}")
     winners = []
