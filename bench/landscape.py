@@ -46,8 +46,12 @@ VLLM_GRID = {"max_num_seqs": (8, 16, 32, 64, 128, 256),
              "enable_chunked_prefill": (True, False)}
 
 
+PROMPTS = "uniform:64:1024"
+MAX_MODEL_LEN = 4096
+
+
 def workload() -> Workload:
-    return Workload(LengthSpec.parse("uniform:64:1024"), LengthSpec.parse("uniform:16:192"), seed=0)
+    return Workload(LengthSpec.parse(PROMPTS), LengthSpec.parse("uniform:16:192"), seed=0)
 
 
 def configs(base: EngineConfig, grid: dict[str, tuple]) -> list[EngineConfig]:
@@ -114,13 +118,19 @@ def landscape(title: str, base: EngineConfig, grid: dict[str, tuple], requests: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--prompts", default=PROMPTS,
+                        help="prompt lengths (N, uniform:LO:HI, normal:MEAN:STD); long ones (e.g. uniform:4096:12288 "
+                             "with --max-model-len 16384) show the aclrtMalloc failures under load")
+    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     parser.add_argument("--expandable", action="store_true",
                         help="run with PYTORCH_NPU_ALLOC_CONF=expandable_segments:True (dsctl's provisioned env)")
     args = parser.parse_args(argv)
+    global PROMPTS
+    PROMPTS = args.prompts
     alloc = "expandable_segments:True" if args.expandable else ""
-    base = EngineConfig(MODEL, max_model_len=4096, alloc_conf=alloc)
+    base = EngineConfig(MODEL, max_model_len=args.max_model_len, alloc_conf=alloc)
     print(f"{MODEL} on one 910B3, prompts {workload().prompt_len}, outputs {workload().output_len}, "
-          f"max_model_len 4096, PYTORCH_NPU_ALLOC_CONF={alloc or '(unset)'}")
+          f"max_model_len {args.max_model_len}, PYTORCH_NPU_ALLOC_CONF={alloc or '(unset)'}")
     landscape("fixed-batch engine (CANN 8.0 practice)", base.with_(mode=FIXED_BATCH), FIXED_GRID, args.requests)
     landscape("vllm-ascend (continuous batching)", base.with_(mode=CONTINUOUS), VLLM_GRID, args.requests)
     return 0

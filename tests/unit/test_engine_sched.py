@@ -235,3 +235,66 @@ def test_jitter_is_seeded():
     assert finish_times(1) == finish_times(1)
     assert finish_times(1) != finish_times(2)
     assert finish_times(1) != [r.finished_at for r in simulate(scheduler(), poisson(8, 40))]
+
+
+# --------------------------------------------------------------------------- every tunable knob has an effect
+
+
+def test_prefix_caching_skips_the_shared_prefix():
+    shared = tuple(range(8))  # 8 blocks = 1024 tokens of the same prefix
+
+    def first_token_times(caching: bool) -> list[float]:
+        requests = [Request(f"r{i}", 1100, 4, arrival=i * 1.0, block_hashes=shared) for i in range(4)]
+        done = simulate(scheduler(enable_prefix_caching=caching), requests)
+        return [r.first_token_at - r.arrival for r in sorted(done, key=lambda r: r.arrival)]
+
+    cold, warm = first_token_times(False), first_token_times(True)
+    assert warm[0] == pytest.approx(cold[0])  # nothing cached yet
+    assert all(w < c / 3 for w, c in zip(warm[1:], cold[1:], strict=True))
+
+
+def test_enforce_eager_pays_per_layer_launches():
+    eager = simulate(scheduler(enforce_eager=True), poisson(2, 20))
+    graph = simulate(scheduler(), poisson(2, 20))
+    extra = D.model.layers * D.efficiency.eager_ms_per_layer / 1e3
+    assert statistics.mean(itls(eager)) == pytest.approx(statistics.mean(itls(graph)) + extra, rel=0.05)
+
+
+def test_pa_shape_list_and_block_size_change_the_attention_cost():
+    def decode_step(**kwargs) -> float:
+        s = scheduler(max_num_batched_tokens=65536, **kwargs)
+        for i in range(16):
+            s.add(Request(f"r{i}", 3000, 3))
+        _, events = s.step()  # all 16 prefills in one step
+        assert len(events) == 16
+        duration, events = s.step()  # one decode step of the 16
+        assert len(events) == 16
+        return duration
+
+    fia = decode_step()
+    assert decode_step(pa_shape_list=[16]) < fia < decode_step(pa_shape_list=[4, 128]) + 1e-12
+    assert decode_step(block_size=16) > fia
+
+
+def test_shared_expert_overlap_hides_collectives_only_for_moe_over_several_chips():
+    lite = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name("deepseek-v2-lite"), chips=2)
+    capacity = pm.check_fits(lite, 8192)
+
+    def mean_itl(d: pm.Deployment, cap: int, on: bool) -> float:
+        return statistics.mean(itls(simulate(Scheduler(d, kv_capacity_tokens=cap, multistream_overlap_shared_expert=on),
+                                             poisson(2, 10))))
+
+    assert mean_itl(lite, capacity, True) < mean_itl(lite, capacity, False)
+    assert mean_itl(D, CAPACITY, True) == mean_itl(D, CAPACITY, False)  # dense 7B: no shared experts
+
+
+def test_a_step_beyond_the_allocator_limit_raises_out_of_memory():
+    from dsctl.core.perf.engine_sched import OutOfMemory
+
+    limit = pm.step_activation_bytes(D, 2048, 1, 2048, 2048) * 1.01
+    s = scheduler(activation_limit=limit, enable_chunked_prefill=False, max_num_batched_tokens=8192)
+    s.add(Request("short", 2000, 2))
+    simulate(s, [])
+    s.add(Request("long", 4000, 2))
+    with pytest.raises(OutOfMemory, match="aclrtMalloc failed"):
+        s.step()

@@ -120,6 +120,12 @@ class Target:
     slo_ms: dict[str, float]
     statistic: str = "p99"
     min_agreement: float = 0.9
+    burstiness: float = 1.0  # gamma shape of the arrivals (1 = Poisson, < 1 = bursty), as vllm bench serve's
+
+    @property
+    def arrival(self) -> arrivals.ArrivalSpec:
+        return arrivals.ArrivalSpec(process="poisson" if self.burstiness == 1.0 else "gamma", rate=self.rate,
+                                    burstiness=self.burstiness)
 
     def goodput_bounds(self) -> dict[str, float]:
         return {k: v for k, v in self.slo_ms.items() if k in probe_metrics.GOODPUT_METRICS}
@@ -142,8 +148,7 @@ class Target:
 
 def run_target(config: engine_config.EngineConfig, target: Target, workload: Workload, requests: int,
                seed: int = 0) -> Evaluation:
-    return evaluate(config, workload, arrivals.ArrivalSpec(rate=target.rate), requests, seed=seed,
-                    goodput_ms=target.goodput_bounds())
+    return evaluate(config, workload, target.arrival, requests, seed=seed, goodput_ms=target.goodput_bounds())
 
 
 def best(evaluations: list[Evaluation], target: Target) -> Evaluation | None:
