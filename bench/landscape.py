@@ -50,8 +50,8 @@ PROMPTS = "uniform:64:1024"
 MAX_MODEL_LEN = 4096
 
 
-def workload() -> Workload:
-    return Workload(LengthSpec.parse(PROMPTS), LengthSpec.parse("uniform:16:192"), seed=0)
+def workload(prompts: str = PROMPTS) -> Workload:
+    return Workload(LengthSpec.parse(prompts), LengthSpec.parse("uniform:16:192"), seed=0)
 
 
 def configs(base: EngineConfig, grid: dict[str, tuple]) -> list[EngineConfig]:
@@ -69,7 +69,7 @@ def failure_class(message: str) -> str:
     return re.split(r"\(?\d", line, maxsplit=1)[0].strip()[:100]
 
 
-def landscape(title: str, base: EngineConfig, grid: dict[str, tuple], requests: int) -> None:
+def landscape(title: str, base: EngineConfig, grid: dict[str, tuple], requests: int, prompts: str) -> None:
     began = time.monotonic()
     candidates = configs(base, grid)
     results: dict[str, list[Evaluation]] = {t.name: [] for t in TARGETS}
@@ -77,7 +77,7 @@ def landscape(title: str, base: EngineConfig, grid: dict[str, tuple], requests: 
     load_failures: collections.Counter[str] = collections.Counter()
     for config in candidates:
         for index, target in enumerate(TARGETS):
-            e = run_target(config, target, workload(), requests)
+            e = run_target(config, target, workload(prompts), requests)
             results[target.name].append(e)
             if e.status == FAILED_TO_START:
                 start_failures[failure_class(e.message)] += 1
@@ -125,14 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expandable", action="store_true",
                         help="run with PYTORCH_NPU_ALLOC_CONF=expandable_segments:True (dsctl's provisioned env)")
     args = parser.parse_args(argv)
-    global PROMPTS
-    PROMPTS = args.prompts
     alloc = "expandable_segments:True" if args.expandable else ""
     base = EngineConfig(MODEL, max_model_len=args.max_model_len, alloc_conf=alloc)
-    print(f"{MODEL} on one 910B3, prompts {workload().prompt_len}, outputs {workload().output_len}, "
+    print(f"{MODEL} on one 910B3, prompts {args.prompts}, outputs {workload().output_len}, "
           f"max_model_len {args.max_model_len}, PYTORCH_NPU_ALLOC_CONF={alloc or '(unset)'}")
-    landscape("fixed-batch engine (CANN 8.0 practice)", base.with_(mode=FIXED_BATCH), FIXED_GRID, args.requests)
-    landscape("vllm-ascend (continuous batching)", base.with_(mode=CONTINUOUS), VLLM_GRID, args.requests)
+    landscape("fixed-batch engine (CANN 8.0 practice)", base.with_(mode=FIXED_BATCH), FIXED_GRID, args.requests,
+              args.prompts)
+    landscape("vllm-ascend (continuous batching)", base.with_(mode=CONTINUOUS), VLLM_GRID, args.requests, args.prompts)
     return 0
 
 
