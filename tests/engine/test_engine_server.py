@@ -22,7 +22,7 @@ import pytest
 import dsctl
 from dsctl.engine.text import count_tokens
 
-from .conftest import free_port
+from .conftest import free_port, install_toolkits
 
 CLI = Path(dsctl.__file__).resolve().parents[1]
 
@@ -33,7 +33,8 @@ READY_LINE = "Uvicorn running on"
 
 
 class Engine:
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, stdlib_only: bool = False):
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, stdlib_only: bool = False,
+                 unset: tuple[str, ...] = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")):
         self.port = free_port()
         self.log = tmp / f"engine-{self.port}.log"
         self.err = tmp / f"engine-{self.port}.err"
@@ -43,8 +44,9 @@ class Engine:
                        "from dsctl.engine.__main__ import main; sys.exit(main(sys.argv[1:]))", *argv]
         else:
             command = [sys.executable, "-m", "dsctl.engine", *argv]
+        environ = {name: value for name, value in os.environ.items() if name not in unset}
         self.proc = subprocess.Popen(command, stdout=self.log.open("w"), stderr=self.err.open("w"),
-                                     env={**os.environ, **(env or {})})
+                                     env={**environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 20.0) -> Engine:
         deadline = time.monotonic() + timeout
@@ -283,6 +285,25 @@ def test_bad_requests_are_400(engine, path, body):
     assert data["message"]
 
 
+def test_malformed_numbers_and_deep_json_are_400_and_the_engine_lives_on(engine):
+    for raw in (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", b"[" * 100000 + b"]" * 100000):
+        status, _, body = request(engine.port, "POST", "/v1/completions", raw, AUTH)
+        assert status == 400 and json.loads(body)["type"] == "BadRequestError"
+    assert request(engine.port, "GET", "/health")[0] == 200
+
+
+def test_idle_and_half_sent_connections_are_closed(engine):
+    from dsctl.engine import server
+
+    began = time.monotonic()
+    with socket.create_connection(("127.0.0.1", engine.port), timeout=30) as idle:
+        assert idle.recv(1) == b""  # closed by the server after the idle timeout
+    assert server.IDLE_TIMEOUT_SECONDS - 0.5 < time.monotonic() - began < server.IDLE_TIMEOUT_SECONDS + 5
+    with socket.create_connection(("127.0.0.1", engine.port), timeout=30) as slow:
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes its head
+        assert slow.recv(1) == b""
+
+
 def test_context_length_message(engine):
     _, _, raw = request(engine.port, "POST", "/v1/completions", {"prompt": "x y", "max_tokens": 5000}, AUTH)
     assert json.loads(raw)["message"].startswith("'max_tokens' or 'max_completion_tokens' is too large: 5000. "
@@ -366,6 +387,22 @@ def test_metrics_names_and_counts(engine):
                  "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total"):
         assert series(after, name) >= 0
     assert series(after, "vllm:num_requests_running") == 0 and series(after, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_metrics_parse_with_prometheus_clients_parser(engine):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert request(engine.port, "POST", "/v1/completions", {"prompt": "count me", "max_tokens": 3}, AUTH)[0] == 200
+    families = {f.name: f for f in text_string_to_metric_families(request(engine.port, "GET", "/metrics")[2].decode())}
+    for name in ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"):
+        family = families[name]
+        assert family.type == "counter" and family.samples, name
+        assert all(sample.name == f"{name}_total" for sample in family.samples)
+    assert sum(s.value for s in families["vllm:generation_tokens"].samples) >= 3
+    ttft = families["vllm:time_to_first_token_seconds"]
+    assert ttft.type == "histogram" and any(s.name.endswith("_bucket") for s in ttft.samples)
+    assert families["vllm:time_to_first_token_seconds_created"].type == "gauge"
+    assert families["vllm:kv_cache_usage_perc"].type == "gauge"
 
 
 def test_hundreds_of_concurrent_streams(engine):
@@ -521,7 +558,7 @@ def test_chunked_request_body_and_expect_continue(engine):
 
 
 def test_kv_pressure_preempts_and_every_request_still_completes(tmp_path):
-    started = Engine(tmp_path, MODEL, "--max-model-len", "2048", "--gpu-memory-utilization", "0.3", "--startup", "0",
+    started = Engine(tmp_path, MODEL, "--max-model-len", "2048", "--gpu-memory-utilization", "0.28", "--startup", "0",
                      "--disable-uvicorn-access-log").wait_ready()
     try:
         capacity = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", started.log.read_text()).group(1)
@@ -547,3 +584,87 @@ def test_kv_pressure_preempts_and_every_request_still_completes(tmp_path):
         assert series(after, "vllm:kv_cache_usage_perc") == 0
     finally:
         started.stop()
+
+
+# --------------------------------------------------------------------------- the CANN it runs on
+
+
+def sourced(script: Path) -> dict[str, str]:
+    """The environment a shell has after ``. script`` (CANN's set_env.sh), as a launch script's exec gets it."""
+    out = subprocess.run(["bash", "-c", f". {script} && env -0"], capture_output=True, check=True,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("ASCEND_")}).stdout
+    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+
+
+def test_engine_reports_the_cann_its_environment_points_at(tmp_path):
+    home = install_toolkits(tmp_path / "Ascend", ["8.0.0", "8.3.RC2"], active="8.3.RC2")
+    env = sourced(home / "set_env.sh")
+    assert env["ASCEND_TOOLKIT_HOME"] == f"{tmp_path}/Ascend/ascend-toolkit/latest"
+    started = Engine(tmp_path, MODEL, "--max-model-len", "4096", "--startup", "0", env=env).wait_ready()
+    try:
+        version = json.loads(request(started.port, "GET", "/version")[2])
+        assert version["cann"] == "8.3.RC2" and version["cann_toolkit"] == str(home / "8.3.RC2")
+        assert f"CANN version: 8.3.RC2 (toolkit at {home / '8.3.RC2'})" in started.log.read_text()
+    finally:
+        started.stop()
+    install_toolkits(tmp_path / "Ascend2", ["8.0.0", "8.3.RC2"], active="8.0.0")  # another host, switched back
+    env = sourced(tmp_path / "Ascend2" / "ascend-toolkit" / "set_env.sh")
+    started = Engine(tmp_path, MODEL, "--max-model-len", "4096", "--startup", "0", env=env).wait_ready()
+    try:
+        assert json.loads(request(started.port, "GET", "/version")[2])["cann"] == "8.0.0"
+    finally:
+        started.stop()
+
+
+def test_engine_without_a_cann_environment_warns_and_reports_null(tmp_path):
+    started = Engine(tmp_path, MODEL, "--max-model-len", "4096", "--startup", "0").wait_ready()
+    try:
+        version = json.loads(request(started.port, "GET", "/version")[2])
+        assert version["cann"] is None and version["version"]
+        assert re.search(r"WARNING .*CANN toolkit not found: ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset",
+                         started.log.read_text())
+    finally:
+        started.stop()
+
+
+# --------------------------------------------------------------------------- memory that runs out
+
+
+def test_long_prompt_on_a_fragmenting_allocator_kills_the_engine_with_aclrtmalloc(tmp_path):
+    args = (MODEL, "--max-model-len", "32768", "--no-enable-chunked-prefill", "--gpu-memory-utilization", "0.97",
+            "--startup", "0")
+    long_prompt = {"prompt": "a " * 30000, "max_tokens": 4}
+    fragmenting = Engine(tmp_path, *args, unset=("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH",
+                                                 "PYTORCH_NPU_ALLOC_CONF")).wait_ready()
+    try:
+        assert request(fragmenting.port, "POST", "/v1/completions", {"prompt": "a " * 1000, "max_tokens": 4})[0] == 200
+        with pytest.raises((ConnectionError, ValueError, IndexError)):
+            request(fragmenting.port, "POST", "/v1/completions", long_prompt)
+        assert fragmenting.proc.wait(30) == 1
+        err = fragmenting.err.read_text()
+        assert "aclrtMalloc failed" in fragmenting.log.read_text() and "EngineDeadError" in err
+        assert "RuntimeError: NPU out of memory" in err
+    finally:
+        fragmenting.stop()
+    expandable = Engine(tmp_path, *args, env={"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}).wait_ready()
+    try:
+        status, _, raw = request(expandable.port, "POST", "/v1/completions", long_prompt)
+        assert status == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 30000
+    finally:
+        expandable.stop()
+
+
+def test_a_token_budget_too_large_for_memory_fails_vllms_profiling_run(tmp_path):
+    started = Engine(tmp_path, MODEL, "--max-model-len", "131072", "--no-enable-chunked-prefill", "--startup", "0")
+    assert started.proc.wait(30) == 1
+    assert "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`" in \
+        started.err.read_text()
+    small = Engine(tmp_path, MODEL, "--max-model-len", "131072", "--startup", "0").wait_ready()  # chunked: 2048
+    small.stop()
+
+
+def test_tensor_parallel_size_must_divide_the_heads(tmp_path):
+    started = Engine(tmp_path, MODEL, "-tp", "8")
+    assert started.proc.wait(30) == 1
+    assert ("ValueError: Total number of attention heads (28) must be divisible by tensor parallel size (8)."
+            in started.err.read_text())

@@ -36,8 +36,11 @@ PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "PIP_CONFI
 # Some of what the vendored engine must hold (the whole set is computed: wheelhouse.engine_closure).
 ESSENTIAL = {
     "dsctl/__init__.py",
-    "dsctl/core/engine_sched.py",
-    "dsctl/core/perfmodel.py",
+    "dsctl/core/perf/engine_sched.py",
+    "dsctl/core/perf/engine_config.py",
+    "dsctl/core/perf/perfmodel.py",
+    "dsctl/core/hostfacts/versionfiles.py",
+    "dsctl/engine/cann.py",
     "dsctl/data/__init__.py",
     "dsctl/data/profiles.yaml",
     "dsctl/engine/__main__.py",
@@ -255,11 +258,16 @@ def test_vllm_serve_arguments_become_the_engines():
     # No --served-model-name: vLLM serves under the model string as given.
     assert argv(MODEL_PATH + "/")[0] == [PROFILE, "--served-model-name", MODEL_PATH + "/", "--startup", "2"]
     # Hugging Face ids, --model, underscores, vLLM flags the engine does not model (with their values).
-    assert argv("--model=deepseek-ai/DeepSeek-R1", "--max_num_seqs", "4", "--data-parallel-size", "2",
+    assert argv("--model=deepseek-ai/DeepSeek-R1", "--max_num_seqs", "4", "--kv-cache-dtype", "auto",
                 "--enable-prefix-caching", "--compilation-config={}", "--no-enable-chunked-prefill") == (
-        ["deepseek-r1", "--max-num-seqs", "4", "--no-enable-chunked-prefill", "--served-model-name",
-         "deepseek-ai/DeepSeek-R1", "--startup", "2"],
-        ["--data-parallel-size", "2", "--enable-prefix-caching", "--compilation-config={}"])
+        ["deepseek-r1", "--max-num-seqs", "4", "--enable-prefix-caching", "--no-enable-chunked-prefill",
+         "--served-model-name", "deepseek-ai/DeepSeek-R1", "--startup", "2"],
+        ["--kv-cache-dtype", "auto", "--compilation-config={}"])
+    # Flags real vLLM does not have are refused as its argparse refuses them (a knob of the fixed-batch engine,
+    # a typo), flag and value; vLLM's own unmodelled flags and the emulation's controls are not.
+    assert main.unrecognized(["--stream-num", "4", "--max-num-seqs", "8", "--kv_sparse_threshold=0.1",
+                              "--max-num-seqz", "3", "--compilation-config", "{}", "--time-scale", "0.1"],
+                             parser) == ["--stream-num", "4", "--kv_sparse_threshold=0.1", "--max-num-seqz", "3"]
     assert argv("--model", "/m/DeepSeek_V2_Lite", "--served-model-name", "a", "b", "--jitter", "-1")[0] == (
         ["deepseek-v2-lite", "--served-model-name", "a", "b", "--jitter", "-1", "--startup", "2"])
     assert argv(MODEL_PATH, "--model", MODEL_PATH)[0] == [PROFILE, "--served-model-name", MODEL_PATH, "--startup", "2"]
@@ -452,6 +460,9 @@ def test_vllm_serve_and_the_engine_module_serve_from_the_venv_alone(installed, t
     assert (version.returncode, version.stdout) == (0, "0.13.0\n")
     refused = run(vllm, "bench", "serve", cwd=tmp_path)
     assert refused.returncode == 2 and "not a command of the lab stand-in" in refused.stderr
+    refused = run(vllm, "serve", MODEL_PATH, "--stream-num", "4", "--port", str(free_port()), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == "vllm serve: error: unrecognized arguments: --stream-num 4"
 
     common = ["--host", "127.0.0.1", "--max-num-seqs", "8"]
     ports = {name: free_port() for name in ("fast", "plain", "module")}

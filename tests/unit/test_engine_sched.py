@@ -185,24 +185,38 @@ def test_multi_stream_mode_runs_fixed_batches_to_completion():
     assert min(r.scheduled_at for r in requests[8:]) >= first_drain - 1e-9
 
 
-def test_multi_stream_mode_trades_first_token_for_smoother_decode():
-    big = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name("deepseek-v3"), chips=16, weight_bytes=1.0)
-    capacity = pm.check_fits(big, 16384)
-    stats = {}
-    for streams in (1, 4):
-        done = simulate(Scheduler(big, kv_capacity_tokens=capacity, max_num_seqs=256, stream_num=streams),
-                        poisson(4, 200))
-        stats[streams] = (statistics.mean(ttfts(done)), statistics.mean(itls(done)))
-    assert stats[4][0] > 3 * stats[1][0], stats  # head-of-line blocking behind fixed batches
-    assert stats[4][1] < stats[1][1], stats      # one stream's prefill no longer stalls the others' decodes
+def test_fixed_batch_streams_trade_first_token_throughput_and_token_latency():
+    """More streams drain a batch more often and hide host work (TTFT down, throughput up) but share the device
+    (ITL up, and past the host share throughput falls again): the best stream count depends on the load."""
+    def run(rate: float, streams: int) -> tuple[float, float, float]:
+        done = simulate(scheduler(mode="fixed-batch", batch_size=4, stream_num=streams),
+                        poisson(rate, 80, prompt=256, output=64))
+        return (statistics.mean(ttfts(done)), statistics.mean(itls(done)),
+                sum(r.output_tokens for r in done) / max(r.finished_at for r in done))
+
+    light = {streams: run(1, streams) for streams in (1, 2, 4)}
+    heavy = {streams: run(4, streams) for streams in (1, 2, 4)}
+    assert light[4][0] < light[1][0] / 2 and light[4][1] > 2 * light[1][1], light
+    assert heavy[2][2] > heavy[1][2] * 1.1 and heavy[2][2] > heavy[4][2], heavy
+    assert heavy[2][0] < heavy[4][0] < heavy[1][0], heavy  # at load, 2 streams beat both corners on TTFT
 
 
-def test_one_stream_in_multi_stream_timing_is_step_seconds():
-    """With a single busy stream the two-phase timing adds up to exactly step_seconds."""
-    s = scheduler(max_num_seqs=8, stream_num=2)
+def test_fixed_batch_pads_finished_slots_and_runs_host_work_between_device_steps():
+    s = scheduler(mode="fixed-batch", batch_size=2, stream_num=1)
     s.add(Request("a", 100, 2))
-    duration, events = s.step()
-    assert events and duration == pytest.approx(pm.step_seconds(D, 100, 0, 0, 0))
+    s.add(Request("b", 100, 5))
+    duration, _ = s.step()  # both prompts at once
+    per_seq = D.efficiency.host_ms_per_seq / 1e3
+    assert duration == pytest.approx(pm.step_seconds(D, 200, 0, 0, 0) + 2 * per_seq)
+    s.step()
+    duration, events = s.step()  # "a" is done: its slot still decodes as padding
+    assert [r.id for r, _ in events] == ["b"]
+    assert duration == pytest.approx(pm.step_seconds(D, 0, 0, 2, 102) + 2 * per_seq)
+
+
+def test_continuous_batching_has_no_streams():
+    with pytest.raises(ValueError, match="fixed-batch knob"):
+        scheduler(mode="continuous", stream_num=2)
 
 
 def test_kv_sparsity_makes_decode_faster_and_the_cache_larger():
@@ -221,3 +235,66 @@ def test_jitter_is_seeded():
     assert finish_times(1) == finish_times(1)
     assert finish_times(1) != finish_times(2)
     assert finish_times(1) != [r.finished_at for r in simulate(scheduler(), poisson(8, 40))]
+
+
+# --------------------------------------------------------------------------- every tunable knob has an effect
+
+
+def test_prefix_caching_skips_the_shared_prefix():
+    shared = tuple(range(8))  # 8 blocks = 1024 tokens of the same prefix
+
+    def first_token_times(caching: bool) -> list[float]:
+        requests = [Request(f"r{i}", 1100, 4, arrival=i * 1.0, block_hashes=shared) for i in range(4)]
+        done = simulate(scheduler(enable_prefix_caching=caching), requests)
+        return [r.first_token_at - r.arrival for r in sorted(done, key=lambda r: r.arrival)]
+
+    cold, warm = first_token_times(False), first_token_times(True)
+    assert warm[0] == pytest.approx(cold[0])  # nothing cached yet
+    assert all(w < c / 3 for w, c in zip(warm[1:], cold[1:], strict=True))
+
+
+def test_enforce_eager_pays_per_layer_launches():
+    eager = simulate(scheduler(enforce_eager=True), poisson(2, 20))
+    graph = simulate(scheduler(), poisson(2, 20))
+    extra = D.model.layers * D.efficiency.eager_ms_per_layer / 1e3
+    assert statistics.mean(itls(eager)) == pytest.approx(statistics.mean(itls(graph)) + extra, rel=0.05)
+
+
+def test_pa_shape_list_and_block_size_change_the_attention_cost():
+    def decode_step(**kwargs) -> float:
+        s = scheduler(max_num_batched_tokens=65536, **kwargs)
+        for i in range(16):
+            s.add(Request(f"r{i}", 3000, 3))
+        _, events = s.step()  # all 16 prefills in one step
+        assert len(events) == 16
+        duration, events = s.step()  # one decode step of the 16
+        assert len(events) == 16
+        return duration
+
+    fia = decode_step()
+    assert decode_step(pa_shape_list=[16]) < fia < decode_step(pa_shape_list=[4, 128]) + 1e-12
+    assert decode_step(block_size=16) > fia
+
+
+def test_shared_expert_overlap_hides_collectives_only_for_moe_over_several_chips():
+    lite = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name("deepseek-v2-lite"), chips=2)
+    capacity = pm.check_fits(lite, 8192)
+
+    def mean_itl(d: pm.Deployment, cap: int, on: bool) -> float:
+        return statistics.mean(itls(simulate(Scheduler(d, kv_capacity_tokens=cap, multistream_overlap_shared_expert=on),
+                                             poisson(2, 10))))
+
+    assert mean_itl(lite, capacity, True) < mean_itl(lite, capacity, False)
+    assert mean_itl(D, CAPACITY, True) == mean_itl(D, CAPACITY, False)  # dense 7B: no shared experts
+
+
+def test_a_step_beyond_the_allocator_limit_raises_out_of_memory():
+    from dsctl.core.perf.engine_sched import OutOfMemory
+
+    limit = pm.step_activation_bytes(D, 2048, 1, 2048, 2048) * 1.01
+    s = scheduler(activation_limit=limit, enable_chunked_prefill=False, max_num_batched_tokens=8192)
+    s.add(Request("short", 2000, 2))
+    simulate(s, [])
+    s.add(Request("long", 4000, 2))
+    with pytest.raises(OutOfMemory, match="aclrtMalloc failed"):
+        s.step()

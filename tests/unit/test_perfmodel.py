@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from dsctl.core.perf import perfmodel as pm
 from dsctl.core.perf.perfmodel import (
     DEFAULT_EFFICIENCY,
     NO_CACHE_MEMORY,
@@ -260,3 +261,41 @@ def test_startup_loads_every_weight_byte():
 def test_deployment_rejects_impossible_settings(kwargs):
     with pytest.raises(UsageError):
         Deployment(B3, QWEN7B, **kwargs)
+
+
+# --------------------------------------------------------------------------- the engine's start-up arithmetic
+
+
+def test_parallel_layouts_vllm_refuses_in_its_words():
+    qwen, v3 = pm.model_by_name("deepseek-r1-distill-qwen-7b"), pm.model_by_name("deepseek-v3")
+    assert pm.parallel_problem(qwen, 8) == ("ValueError: Total number of attention heads (28) must be divisible by "
+                                            "tensor parallel size (8).")
+    assert pm.parallel_problem(qwen, 3).startswith("ValueError: Total number of attention heads (28)")
+    assert pm.parallel_problem(qwen, 4) is None and pm.parallel_problem(qwen, 2) is None
+    assert pm.parallel_problem(v3, 8, 2, expert_parallel=True) is None  # 256 experts over 16 ranks
+    assert "Number of experts (256) must be divisible by expert parallel size (24)" in pm.parallel_problem(
+        v3, 8, 3, expert_parallel=True, visible=64)
+    assert pm.parallel_problem(qwen, 4, 2, visible=4) == ("RuntimeError: please ensure that world_size (8) is less "
+                                                          "than than max local gpu count (4)")
+
+
+def test_profiling_gives_kv_what_weights_and_the_activation_peak_leave():
+    d = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name("deepseek-r1-distill-qwen-7b"))
+    small, large = (pm.activation_peak_bytes(d, tokens, 256, 32768) for tokens in (2048, 32768))
+    assert large > 10 * small  # grows with max_num_batched_tokens
+    assert pm.check_profiled(d, 32768, large) < pm.check_profiled(d, 32768, small)
+    budget = pm.profiled_kv_budget_bytes_per_chip(d, small)
+    assert budget == pytest.approx(64e9 * 0.9 - 7.62e9 * 2 - small - d.efficiency.reserved_gb * 1e9)
+    with pytest.raises(pm.DoesNotFit, match="No available memory for the cache blocks") as raised:
+        pm.check_profiled(d, 131072, pm.activation_peak_bytes(d, 131072, 256, 131072))
+    assert raised.value.reason == "no_cache_memory"
+    assert pm.startup_seconds(d, enforce_eager=True) == pytest.approx(pm.startup_seconds(d) - d.efficiency.capture_s)
+
+
+def test_the_allocator_reads_pytorch_npu_alloc_conf():
+    assert pm.allocator_share("expandable_segments:True") == 1.0
+    assert pm.allocator_share("") == pm.FRAGMENTED_SHARE == pm.allocator_share("expandable_segments:False")
+    assert pm.allocator_share("max_split_size_mb:250") == pm.MAX_SPLIT_SHARE
+    d = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name("deepseek-r1-distill-qwen-7b"),
+                      memory_utilization=0.98)
+    assert pm.activation_limit_bytes(d, 1e9, 1.0) == pytest.approx(1e9 + 64e9 * 0.02)

@@ -79,15 +79,17 @@ def test_registry_entries_are_complete():
 def test_registry_holds_the_tuning_knobs():
     vllm = {name for name, entry in engine_params("vllm-ascend").items() if entry.get("tune")}
     assert {"max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization",
-            "enable_chunked_prefill", "enable_prefix_caching", "block_size", "enforce_eager", "stream_num",
-            "kv_sparse_threshold", "multistream_overlap_shared_expert", "pa_shape_list"} <= vllm
+            "enable_chunked_prefill", "enable_prefix_caching", "block_size", "enforce_eager",
+            "multistream_overlap_shared_expert", "pa_shape_list"} <= vllm
+    assert not {"stream_num", "batch_size", "kv_sparse_threshold"} & set(engine_params("vllm-ascend"))
     mindie = {name for name, entry in engine_params("mindie").items() if entry.get("tune")}
     assert {"maxBatchSize", "maxPrefillBatchSize", "maxPrefillTokens", "maxSeqLen", "npuMemSize",
             "maxQueueDelayMicroseconds", "supportSelectBatch", "prefillTimeMsPerReq", "decodeTimeMsPerReq"} <= mindie
     assert {"maxInputTokenLen", "cacheBlockSize"} <= set(engine_params("mindie"))
     lab = engine_params("lab-engine")
-    assert {"max_num_seqs", "stream_num", "kv_sparse_threshold", "chip", "seed"} <= set(lab)
-    assert "enable_prefix_caching" not in lab  # the emulated engine has no such flag
+    assert {"max_num_seqs", "batch_size", "stream_num", "kv_sparse_threshold", "enable_prefix_caching", "chip",
+            "seed"} <= set(lab)
+    assert "compilation_config" not in lab  # the emulated engine has no such flag
 
 
 def test_removed_keys_cite_their_prs():
@@ -207,7 +209,7 @@ def test_values_are_normalised():
         (chat(params={"enable_prefix_caching": "yes"}),
          "dsctl_services[0].params.enable_prefix_caching: expected true or false (unquoted), got 'yes'; fix it in "
          "group_vars or host_vars"),
-        (chat(params={"kv_sparse_threshold": 1.0}),
+        (chat(engine="lab-engine", model="deepseek-r1-distill-qwen-7b", params={"kv_sparse_threshold": 1.0}),
          "dsctl_services[0].params.kv_sparse_threshold: expected a number >= 0.0 and < 1.0, got 1.0; fix it in "
          "group_vars or host_vars"),
         (chat(params={"scheduler_config": {"enable_balance_schedulng": True}}),
@@ -217,8 +219,10 @@ def test_values_are_normalised():
          "dsctl_services[0].params.pa_shape_list: expected a list of integers, got [8, 'x']; fix it in group_vars "
          "or host_vars"),
         (chat(params={"stream_num": 8, "max_num_seqs": 4}),
-         "dsctl_services[0].params.stream_num: 8 is more than max_num_seqs (4); each stream runs max_num_seqs / "
-         "stream_num requests"),
+         "dsctl_services[0].params.stream_num: not a vllm-ascend parameter: it belongs to the fixed-batch engine "
+         "(CANN 8.0 sites' own server scripts, `--batch-size B --stream-num S`; engine lab-engine in the lab), "
+         "and real vLLM stops with \"unrecognized arguments\"; on vllm-ascend tune max_num_seqs and "
+         "max_num_batched_tokens (the stream switch is multistream_overlap_shared_expert)"),
         (chat(env={"ASCEND_RT_VISIBLE_DEVICES": "0"}),
          "dsctl_services[0].env.ASCEND_RT_VISIBLE_DEVICES: set by dsctl: each instance is pinned to its own NPUs; "
          "remove it"),
@@ -244,8 +248,8 @@ def test_values_are_normalised():
          "dsctl_services[0].port: 2 instance(s) from port 65535 need ports up to 65536; pick a lower port"),
         (chat(engine="lab-engine", data_parallel_size=2, tensor_parallel_size=2),
          "dsctl_services[0].data_parallel_size: lab-engine has no data parallelism; run more instances instead"),
-        (chat(engine="lab-engine", params={"enable_prefix_caching": True}),
-         "dsctl_services[0].params.enable_prefix_caching: unknown lab-engine parameter; remove it, or add it with a "
+        (chat(engine="lab-engine", params={"compilation_config": {}}),
+         "dsctl_services[0].params.compilation_config: unknown lab-engine parameter; remove it, or add it with a "
          "source to dsctl/data/engine_params.yaml"),
         (chat(engine="mindie", model="qwen"),
          "dsctl_services[0].model: MindIE loads weights from a directory: give its absolute path (modelWeightPath)"),

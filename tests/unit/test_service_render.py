@@ -89,7 +89,7 @@ def test_vllm_command_is_exact():
         "max_num_seqs": 64, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.92,
         "enable_chunked_prefill": True, "enable_prefix_caching": False, "enforce_eager": False,
         "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 8]},
-        "multistream_overlap_shared_expert": True, "pa_shape_list": [16, 32], "stream_num": 2}}
+        "multistream_overlap_shared_expert": True, "pa_shape_list": [16, 32]}}
     files = rendered(service)
     assert exec_argv(files["chat-1"]["launch"].content) == [
         f"{VENV}/bin/vllm", "serve", "/models/DeepSeek-R1-Distill-Qwen-7B",
@@ -103,7 +103,6 @@ def test_vllm_command_is_exact():
         "--enable-chunked-prefill",
         "--no-enable-prefix-caching",
         "--compilation-config", '{"cudagraph_capture_sizes":[1,8],"cudagraph_mode":"FULL_DECODE_ONLY"}',
-        "--stream-num", "2",
         "--additional-config", '{"multistream_overlap_shared_expert":true,"pa_shape_list":[16,32]}',
     ]
     launch = files["chat-1"]["launch"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -35,6 +36,17 @@ from dsctl import __version__
 logger = logging.getLogger("dsctl.engine")
 
 ENGINE_VERSION = f"{__version__}+dsctl.emu"
+
+
+def vllm_version() -> str:
+    """What GET /version reports: the installed vllm distribution's version (the lab's stand-in vllm in a
+    serving venv), else the emulated engine's own."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return ENGINE_VERSION
 MEMORY_ENV = ("PYTORCH_NPU_ALLOC_CONF", "NPU_MEMORY_FRACTION", "TASK_QUEUE_ENABLE", "HCCL_BUFFSIZE",
               "HCCL_OP_EXPANSION_MODE", "CPU_AFFINITY_CONF", "OMP_NUM_THREADS", "LD_PRELOAD")
 DEFAULT_VISIBLE_NPUS = 8  # an Atlas 800T A2 when ASCEND_RT_VISIBLE_DEVICES is unset
@@ -69,17 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    serve.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    serve.add_argument("--enable-expert-parallel", action="store_true")
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                       help="Reuse the KV blocks of prompt prefixes seen before (vLLM V1's prefix cache).")
     serve.add_argument("--block-size", type=int, default=128)
-    serve.add_argument("--stream-num", type=int, default=1,
-                       help="Fixed-batch multi-stream execution: streams of max_num_seqs/N requests each.")
+    serve.add_argument("--batch-size", type=int, default=None,
+                       help="Fixed-batch engine (the CANN 8.0 practice): requests per stream; a stream admits a new "
+                            "batch only when its batch has drained (default max_num_seqs / stream_num).")
+    serve.add_argument("--stream-num", type=int, default=None,
+                       help="Fixed-batch engine: streams, each running its own batch (host and device work of "
+                            "different streams overlap). Either flag selects the fixed-batch engine; without "
+                            "them the engine batches continuously, as vLLM V1 does.")
     serve.add_argument("--kv-sparse-threshold", type=float, default=0.0,
                        help="Drop KV pairs whose attention score is below this, in [0, 1).")
     serve.add_argument("--dtype", default="auto", help="Accepted for compatibility; the profile decides.")
     serve.add_argument("--quantization", "-q", default=None,
                        help="w8a8 (or ascend) = 1-byte weights; default 2-byte weights.")
     serve.add_argument("--trust-remote-code", action="store_true", help="Accepted for compatibility.")
-    serve.add_argument("--enforce-eager", action="store_true", help="Accepted for compatibility.")
-    serve.add_argument("--additional-config", default=None, help="JSON; logged, otherwise ignored.")
+    serve.add_argument("--enforce-eager", action="store_true",
+                       help="No graph capture: slower steps, faster start, less reserved memory.")
+    serve.add_argument("--additional-config", default=None,
+                       help="JSON (vllm-ascend); pa_shape_list and multistream_overlap_shared_expert are modelled, "
+                            "other keys logged.")
     serve.add_argument("--disable-log-stats", action="store_true")
     serve.add_argument("--disable-log-requests", action="store_true", help="Accepted for compatibility.")
     serve.add_argument("--disable-uvicorn-access-log", action="store_true")
@@ -113,66 +137,98 @@ def _fail(message: str) -> int:
     return 1
 
 
+def _additional(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.additional_config:
+        return {}
+    try:
+        value = json.loads(args.additional_config)
+    except ValueError as exc:
+        raise StartupError(f"argument --additional-config: Value {args.additional_config} cannot be converted to "
+                           f"<function loads>: {exc}") from None
+    if not isinstance(value, dict):
+        raise StartupError("ValueError: --additional-config must be a JSON object")
+    return value
+
+
 def _plan(args: argparse.Namespace, perfmodel: Any) -> dict[str, Any]:
     """Validate the configuration; everything the engine needs to start, or StartupError."""
-    from dsctl.errors import DsctlError
+    from dsctl.core.perf import engine_config
 
     model_name = args.model or args.model_tag
     if not model_name:
         raise StartupError("error: a model profile is required (dsctl engine serve MODEL or --model MODEL)")
     if args.model and args.model_tag and args.model != args.model_tag:
         raise StartupError(f"ValueError: model given twice: {args.model_tag!r} and --model {args.model!r}")
-    for name in ("max_num_seqs", "port", "block_size", "stream_num", "tensor_parallel_size"):
-        if getattr(args, name) < (0 if name == "port" else 1):
-            raise StartupError(f"ValueError: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("max_num_seqs", "port", "block_size", "stream_num", "batch_size", "tensor_parallel_size",
+                 "data_parallel_size"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "port" else 1):
+            raise StartupError(f"ValueError: --{name.replace('_', '-')} must be positive, got {value}")
     if args.time_scale <= 0:
         raise StartupError(f"ValueError: --time-scale must be positive, got {args.time_scale}")
     if args.jitter < 0:
         raise StartupError(f"ValueError: --jitter must not be negative, got {args.jitter}")
-    if args.stream_num > args.max_num_seqs:
-        raise StartupError(f"ValueError: --stream-num ({args.stream_num}) cannot exceed --max-num-seqs "
-                           f"({args.max_num_seqs}): each stream runs max_num_seqs/stream_num requests")
+    extra = _additional(args)
+    pa_shapes = extra.get("pa_shape_list") or []
+    if not isinstance(pa_shapes, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in pa_shapes):
+        raise StartupError("ValueError: additional_config pa_shape_list must be a list of integers")
+    fixed = args.stream_num is not None or args.batch_size is not None
     visible, raw_visible = _visible_npus()
-    if args.tensor_parallel_size > visible:
-        raise StartupError(f"RuntimeError: please ensure that world_size ({args.tensor_parallel_size}) is less than "
-                           f"than max local gpu count ({visible})")
+    config = engine_config.EngineConfig(
+        model=model_name, chip=args.chip, mode=engine_config.FIXED_BATCH if fixed else engine_config.CONTINUOUS,
+        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
+        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+        enforce_eager=args.enforce_eager, pa_shape_list=tuple(pa_shapes),
+        multistream_overlap_shared_expert=bool(extra.get("multistream_overlap_shared_expert", False)),
+        batch_size=args.batch_size, stream_num=args.stream_num or 1, kv_sparse_threshold=args.kv_sparse_threshold,
+        weight_bytes=1.0 if (args.quantization or "").lower() in ("w8a8", "ascend", "int8") else 2.0,
+        alloc_conf=os.environ.get("PYTORCH_NPU_ALLOC_CONF", ""), visible_npus=visible)
+    if config.mode == engine_config.FIXED_BATCH and args.batch_size is not None and \
+            args.batch_size * config.stream_num > args.max_num_seqs:
+        raise StartupError(f"ValueError: --batch-size ({args.batch_size}) x --stream-num ({config.stream_num}) cannot "
+                           f"exceed --max-num-seqs ({args.max_num_seqs})")
+    model = None
     try:
-        chip = perfmodel.chip_by_name(args.chip)
         model = perfmodel.model_by_name(model_name)
-        keep = perfmodel.kv_keep_fraction(args.kv_sparse_threshold)
-        efficiency = perfmodel.load_profiles()[2]
-        weight_bytes = 1.0 if (args.quantization or "").lower() in ("w8a8", "ascend", "int8") else 2.0
-        deployment = perfmodel.Deployment(chip=chip, model=model, chips=args.tensor_parallel_size,
-                                          memory_utilization=args.gpu_memory_utilization,
-                                          weight_bytes=weight_bytes, kv_keep_fraction=keep, efficiency=efficiency)
-    except DsctlError as exc:
-        raise StartupError(f"ValueError: {exc}") from None
-    max_model_len = args.max_model_len or model.max_model_len
-    if max_model_len > model.max_model_len and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
-        raise StartupError(
-            f"ValueError: User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
-            f"(max_position_embeddings={model.max_model_len} or model_max_length=None in model's config.json). "
-            f"To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_"
-            f"MAX_MODEL_LEN must be used with extreme caution. If the model uses relative position encoding (RoPE), "
-            f"positions exceeding derived_max_model_len lead to nan. If the model uses absolute position encoding, "
-            f"positions exceeding derived_max_model_len will cause a CUDA array out-of-bounds error.")
-    batched = args.max_num_batched_tokens
-    if batched is None:
-        batched = 2048 if args.enable_chunked_prefill else max(max_model_len, 2048)
-    if not args.enable_chunked_prefill and batched < max_model_len:
-        raise StartupError(
-            f"ValueError: max_num_batched_tokens ({batched}) is smaller than max_model_len ({max_model_len}). This "
-            f"effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
-            f"sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
-    if batched < args.max_num_seqs:
-        raise StartupError(
-            f"ValueError: max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs "
-            f"({args.max_num_seqs}).")
-    modelled_startup = perfmodel.startup_seconds(deployment)
+    except Exception:  # noqa: BLE001 - plan() reports it in the engine's words
+        pass
+    if model is not None:
+        max_model_len = args.max_model_len or model.max_model_len
+        if max_model_len > model.max_model_len and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
+            raise StartupError(
+                f"ValueError: User-specified max_model_len ({max_model_len}) is greater than the derived "
+                f"max_model_len (max_position_embeddings={model.max_model_len} or model_max_length=None in model's "
+                f"config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+                f"VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative "
+                f"position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model uses "
+                f"absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA array "
+                f"out-of-bounds error.")
+    try:
+        started = engine_config.plan(config, perfmodel)
+        failure = None
+    except engine_config.StartupFailure as exc:
+        if exc.reason in ("config", "parallel"):
+            raise StartupError(exc.message) from None
+        started, failure = None, exc
+    if started is None:  # memory: the engine gets as far as loading before it fails
+        chip = perfmodel.chip_by_name(args.chip)
+        d = perfmodel.Deployment(chip=chip, model=model, chips=args.tensor_parallel_size,
+                                 memory_utilization=args.gpu_memory_utilization, weight_bytes=config.weight_bytes,
+                                 kv_keep_fraction=perfmodel.kv_keep_fraction(args.kv_sparse_threshold),
+                                 efficiency=perfmodel.load_profiles()[2])
+        keep, max_model_len, batched = d.kv_keep_fraction, args.max_model_len or model.max_model_len, 0
+        modelled_startup = perfmodel.startup_seconds(d, args.enforce_eager)
+    else:
+        d, keep, max_model_len, batched = started.deployment, started.keep, started.max_model_len, started.batched
+        modelled_startup = started.startup_s
     startup = modelled_startup if args.startup is None else max(args.startup, 0.0)
-    return {"model_name": model_name, "chip": chip, "model": model, "deployment": deployment, "keep": keep,
+    return {"model_name": model_name, "chip": d.chip, "model": d.model, "deployment": d, "keep": keep,
             "max_model_len": max_model_len, "batched": batched, "startup": startup,
-            "modelled_startup": modelled_startup, "visible": visible, "raw_visible": raw_visible}
+            "modelled_startup": modelled_startup, "visible": visible, "raw_visible": raw_visible,
+            "config": config, "started": started, "failure": failure}
 
 
 def _failure_delay(plan: dict[str, Any], exc: Any, perfmodel: Any) -> float:
@@ -201,11 +257,13 @@ def _log_config(args: argparse.Namespace, plan: dict[str, Any]) -> None:
     d = plan["deployment"]
     logger.info("Initializing a V1 LLM engine with config: model=%r, served_model_name=%s, chip=%s, "
                 "tensor_parallel_size=%d, max_seq_len=%d, max_num_seqs=%d, max_num_batched_tokens=%d, "
-                "enable_chunked_prefill=%s, gpu_memory_utilization=%s, block_size=%d, stream_num=%d, "
-                "kv_sparse_threshold=%s (kv keep fraction %.3f), weight_bytes=%s", plan["model"].name,
+                "enable_chunked_prefill=%s, gpu_memory_utilization=%s, block_size=%d, scheduling=%s, batch_size=%s, "
+                "stream_num=%d, kv_sparse_threshold=%s (kv keep fraction %.3f), weight_bytes=%s", plan["model"].name,
                 (args.served_model_name or [plan["model_name"]])[0], d.chip.name, d.chips, plan["max_model_len"],
                 args.max_num_seqs, plan["batched"], args.enable_chunked_prefill, args.gpu_memory_utilization,
-                args.block_size, args.stream_num, args.kv_sparse_threshold, plan["keep"], d.weight_bytes)
+                args.block_size, plan["config"].mode,
+                plan["started"].batch_size if plan["started"] is not None else args.batch_size,
+                plan["config"].stream_num, args.kv_sparse_threshold, plan["keep"], d.weight_bytes)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -222,9 +280,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from dsctl.engine import profiles, server
+    from dsctl.engine import cann, profiles, server
     from dsctl.engine.metrics import EngineMetrics
-    from dsctl.engine.text import divergence_probability
 
     server.configure_logging()
     try:
@@ -236,65 +293,71 @@ def serve(args: argparse.Namespace) -> int:
     except StartupError as exc:
         return _fail(str(exc))
     _log_config(args, plan)
+    found = cann.resolve(os.environ)
+    (logger.info if found.version else logger.warning)("%s", found.log_line())
+    plan["cann"] = found
     host = args.host if args.host is not None else "0.0.0.0"
     try:
         sock = _bind(host, args.port)  # vLLM binds before building the engine, and listens only once it is up
     except OSError as exc:
         return _fail(f"OSError: [Errno {exc.errno}] {exc.strerror}")
     try:
-        return _start(args, plan, perfmodel, sock, host, server, EngineMetrics, divergence_probability)
+        return _start(args, plan, perfmodel, sock, host, server, EngineMetrics)
     finally:
         sock.close()
 
 
 def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock: socket.socket, host: str,
-           server: Any, metrics_cls: Any, divergence_probability: Any) -> int:
-    from dsctl.core.perf.engine_sched import Scheduler
+           server: Any, metrics_cls: Any) -> int:
+    from dsctl.core.perf import engine_config
 
     d = plan["deployment"]
     scale = args.time_scale
     logger.info("Starting to load model %s...", plan["model"].name)
     began = time.monotonic()
-    try:
-        capacity = perfmodel.check_fits(d, plan["max_model_len"])
-        failure = None
-    except perfmodel.DoesNotFit as exc:
-        capacity, failure = 0, exc
+    failure, started = plan["failure"], plan["started"]
     if failure is not None:
         time.sleep(_failure_delay(plan, failure, perfmodel) * scale)
         logger.error("EngineCore failed to start.")
-        return _fail(f"{failure}\nRuntimeError: Engine core initialization failed. See root cause above. "
+        return _fail(f"{failure.message}\nRuntimeError: Engine core initialization failed. See root cause above. "
                      f"Failed core proc(s): {{}}")
-    load_s = (plan["startup"] - d.efficiency.init_s if args.startup is None else plan["startup"]) * scale
+    init_s = d.efficiency.init_s - (d.efficiency.capture_s if args.enforce_eager else 0.0)
+    load_s = (plan["startup"] - init_s if args.startup is None else plan["startup"]) * scale
     time.sleep(max(load_s, 0.0))
     weights_gib = perfmodel.weights_bytes(d) / d.chips / perfmodel.GIB
     logger.info("Loading weights took %.2f seconds", max(load_s, 0.0))
     logger.info("Model loading took %.4f GiB and %.6f seconds", weights_gib, time.monotonic() - began)
     time.sleep(max(plan["startup"] * scale - (time.monotonic() - began), 0.0))
-    blocks = capacity // args.block_size
+    for line in started.log:
+        logger.info("%s", line)
+    blocks = started.capacity_tokens // args.block_size
     kv_tokens = blocks * args.block_size
-    kv_gib = perfmodel.kv_budget_bytes_per_chip(d) / perfmodel.GIB
-    logger.info("Available KV cache memory: %.2f GiB", kv_gib)
+    logger.info("Available KV cache memory: %.2f GiB", started.kv_budget_bytes / perfmodel.GIB)
     logger.info("# GPU blocks: %d", blocks)
     logger.info("GPU KV cache size: %s tokens", f"{kv_tokens:,}")
     logger.info("Maximum concurrency for %s tokens per request: %.2fx", f"{plan['max_model_len']:,}",
                 kv_tokens / plan["max_model_len"])
+    share = perfmodel.allocator_share(plan["config"].alloc_conf)
+    logger.info("NPU caching allocator: PYTORCH_NPU_ALLOC_CONF=%r; largest activation allocation under load "
+                "%.2f GiB%s", plan["config"].alloc_conf, started.activation_limit / perfmodel.GIB,
+                "" if share >= 1 else " (no expandable_segments: long prompts can fail with aclrtMalloc)")
+    if not args.enforce_eager:
+        logger.info("Graph capturing finished in %.0f secs", d.efficiency.capture_s)
     logger.info("init engine (profile, create kv cache, warmup model) took %.2f seconds", time.monotonic() - began)
-    scheduler = Scheduler(d, kv_capacity_tokens=kv_tokens, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=plan["batched"], enable_chunked_prefill=args.enable_chunked_prefill,
-                          stream_num=args.stream_num, block_size=args.block_size, jitter=args.jitter, seed=args.seed)
+    scheduler = engine_config.scheduler(started, jitter=args.jitter, seed=args.seed)
     served = args.served_model_name or [plan["model_name"]]
     config = server.ServerConfig(
         served_model_names=served, model_root=plan["model_name"], max_model_len=plan["max_model_len"],
         api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None, time_scale=scale, seed=args.seed,
-        divergence=divergence_probability(plan["keep"]), record=args.record,
+        divergence=perfmodel.divergence_probability(plan["keep"]), record=args.record,
         access_log=not args.disable_uvicorn_access_log,
         log_stats_interval=0.0 if args.disable_log_stats else float(os.environ.get("VLLM_LOG_STATS_INTERVAL", 10)),
-        version=ENGINE_VERSION)
+        version=vllm_version(), cann=plan["cann"].version, cann_toolkit=plan["cann"].toolkit)
     metrics = metrics_cls(served[0], plan["max_model_len"], {
         "block_size": str(args.block_size), "cache_dtype": "auto",
         "gpu_memory_utilization": str(args.gpu_memory_utilization), "num_gpu_blocks": str(blocks),
-        "num_cpu_blocks": "0", "enable_prefix_caching": "False", "stream_num": str(args.stream_num),
+        "num_cpu_blocks": "0", "enable_prefix_caching": str(args.enable_prefix_caching),
+        "stream_num": str(args.stream_num or 1),
         "kv_sparse_threshold": str(args.kv_sparse_threshold)})
     url = f"http://{host}:{args.port}"
     logger.info("Starting vLLM API server 0 on %s", url)
@@ -325,6 +388,11 @@ async def _run(server: Any, scheduler: Any, config: Any, metrics: Any, sock: soc
         out.flush()
 
     await server.serve(engine, http, sock, host, port, stop, ready)
+    if engine.fatal is not None:
+        sys.stdout.flush()
+        print(f"{engine.fatal.splitlines()[-1]}\nvllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+              f"issue. See stack trace (above) for the root cause.", file=sys.stderr, flush=True)
+        return 1
     sys.stdout.write("INFO:     Shutting down\nINFO:     Waiting for application shutdown.\n"
                      f"INFO:     Application shutdown complete.\nINFO:     Finished server process [{pid}]\n")
     sys.stdout.flush()

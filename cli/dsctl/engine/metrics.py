@@ -1,8 +1,9 @@
 """Prometheus text exposition with vLLM V1's metric names, labels and buckets (standard library only).
 
 Names, help texts and buckets follow vllm-project/vllm ``vllm/v1/metrics/loggers.py``
-(PrometheusStatLogger): labels ``model_name`` and ``engine``; counters are
-exposed as ``<name>_total`` plus ``<name>_created`` as prometheus_client does.
+(PrometheusStatLogger): labels ``model_name`` and ``engine``.  The text is what prometheus_client's
+``generate_latest`` writes: a counter's family and samples are ``<name>_total``; ``_created`` samples
+(counters and histograms) form a gauge family of their own after the metric.
 Both the current names (``vllm:kv_cache_usage_perc``,
 ``vllm:inter_token_latency_seconds``) and the older ones still served
 (``vllm:gpu_cache_usage_perc``, ``vllm:time_per_output_token_seconds``) are
@@ -57,8 +58,15 @@ class _Metric:
         self.documentation = documentation
         self.created = time.time()
 
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.documentation}", f"# TYPE {self.name} {self.kind}"]
+    def header(self, name: str | None = None) -> list[str]:
+        name = name or self.name
+        return [f"# HELP {name} {self.documentation}", f"# TYPE {name} {self.kind}"]
+
+    def created_family(self, series: list[list[tuple[str, str]]]) -> list[str]:
+        """prometheus_client writes ``_created`` samples as a gauge family of their own, after the metric."""
+        name = f"{self.name}_created"
+        return [f"# HELP {name} {self.documentation}", f"# TYPE {name} gauge"] + [
+            f"{name}{_labels(labels)} {_num(self.created)}" for labels in series]
 
 
 class Gauge(_Metric):
@@ -91,14 +99,12 @@ class Counter(_Metric):
         return sum(self.values.values())
 
     def render(self, labels: list[tuple[str, str]]) -> list[str]:
-        lines = self.header()
-        for extra, value in self.values.items():
-            full = labels + ([(self.extra_label, extra)] if self.extra_label else [])
+        # prometheus_client's text format: the family (HELP/TYPE) is named <name>_total like its samples
+        lines = self.header(f"{self.name}_total")
+        series = [labels + ([(self.extra_label, extra)] if self.extra_label else []) for extra in self.values]
+        for full, value in zip(series, self.values.values(), strict=True):
             lines.append(f"{self.name}_total{_labels(full)} {_num(value)}")
-        for extra in self.values:
-            full = labels + ([(self.extra_label, extra)] if self.extra_label else [])
-            lines.append(f"{self.name}_created{_labels(full)} {_num(self.created)}")
-        return lines
+        return lines + self.created_family(series)
 
 
 class Histogram(_Metric):
@@ -124,8 +130,7 @@ class Histogram(_Metric):
             lines.append(f"{self.name}_bucket{_labels([*labels, ('le', _num(bound))])} {_num(cumulative)}")
         lines.append(f"{self.name}_count{_labels(labels)} {_num(self.count)}")
         lines.append(f"{self.name}_sum{_labels(labels)} {_num(self.sum)}")
-        lines.append(f"{self.name}_created{_labels(labels)} {_num(self.created)}")
-        return lines
+        return lines + self.created_family([labels])
 
 
 class EngineMetrics:

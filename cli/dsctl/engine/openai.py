@@ -72,6 +72,7 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool
     created: int
+    text: str = ""  # the prompt as the engine tokenises it (prefix caching hashes its blocks)
 
 
 def _bad(message: str) -> ApiError:
@@ -81,7 +82,9 @@ def _bad(message: str) -> ApiError:
 def _load(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:  # nesting deeper than the interpreter's stack: refused, not a crash
+        raise _bad("JSON decode error: the body is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and ints beyond sys.get_int_max_str_digits()
         raise _bad(f"JSON decode error: {exc}") from None
     if not isinstance(data, dict):
         raise _bad("Input should be a valid dictionary or object to extract fields from")
@@ -171,8 +174,9 @@ def parse_completion(body: bytes, served: list[str], max_model_len: int, request
     model, stream, include_usage, continuous, seed = _common(data, served)
     max_tokens = _int_field(data, "max_tokens", 1)
     max_tokens = _check_length(tokens, max_tokens, max_model_len, DEFAULT_COMPLETION_MAX_TOKENS)
+    text = prompt if isinstance(prompt, str) else " ".join(str(t) for t in prompt)
     return GenerationRequest("completion", f"cmpl-{new_id(request_id)}", model, tokens, prompt_key(prompt, seed),
-                             max_tokens, stream, include_usage, continuous, int(time.time()))
+                             max_tokens, stream, include_usage, continuous, int(time.time()), text)
 
 
 def _message_text(message: Any) -> str:
@@ -209,7 +213,7 @@ def parse_chat(body: bytes, served: list[str], max_model_len: int, request_id: s
     max_tokens = _check_length(tokens, max_tokens, max_model_len, None)
     rendered = "\n".join(f"<{role}>{text}" for role, text in texts)
     return GenerationRequest("chat", f"chatcmpl-{new_id(request_id)}", model, tokens, prompt_key(rendered, seed),
-                             max_tokens, stream, include_usage, continuous, int(time.time()))
+                             max_tokens, stream, include_usage, continuous, int(time.time()), rendered)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

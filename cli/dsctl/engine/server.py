@@ -41,10 +41,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsctl.core.perf.engine_sched import Request, Scheduler
+from dsctl.core.perf.engine_sched import OutOfMemory, Request, Scheduler
 from dsctl.engine import openai
 from dsctl.engine.metrics import EngineMetrics
-from dsctl.engine.text import SyntheticText
+from dsctl.engine.text import SyntheticText, block_hashes, token_units
 
 logger = logging.getLogger("dsctl.engine")
 
@@ -53,6 +53,12 @@ REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# Bounds on what clients can hold (uvicorn's timeout_keep_alive is 5 s; --limit-concurrency answers 503):
+IDLE_TIMEOUT_SECONDS = 5.0     # a kept-alive connection with no new request is closed
+HEADER_TIMEOUT_SECONDS = 10.0  # a request head must be complete this long after its first byte
+BODY_TIMEOUT_SECONDS = 30.0    # and its body this long after the head
+MAX_CONNECTIONS = 1000         # more open connections are answered 503 and closed (fds stay available)
+MAX_BODY_BYTES_TOTAL = 256 * 1024 * 1024  # request bodies being read at once, over all connections
 DISCONNECT_CHECK_SECONDS = 1.0
 WRITE_SLICE_SECONDS = 0.0001  # the longest the engine loop writes tokens before it lets the event loop read requests
 WRITE_HIGH_WATER = 64 * 1024  # bytes buffered in a transport above which its handler drains and merges events
@@ -73,6 +79,8 @@ class ServerConfig:
     access_log: bool = True
     log_stats_interval: float = 10.0
     version: str = "0.0"
+    cann: str | None = None  # the CANN toolkit version the engine found in its environment (None: none)
+    cann_toolkit: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -130,6 +138,8 @@ class Engine:
         self._ids = 0
         self._window_prompt = 0
         self._window_generation = 0
+        self.fatal: str | None = None  # the engine core died (out of memory under load): the process exits 1
+        self.on_fatal: Any = None
 
     # virtual <-> wall, on the loop's monotonic clock
     def _virtual_to_mono(self, virtual: float) -> float:
@@ -137,8 +147,10 @@ class Engine:
 
     def submit(self, gen: openai.GenerationRequest, client_id: str, arrival: float | None = None) -> Live:
         self._ids += 1
+        hashes = block_hashes(token_units(gen.text), self.sched.block_size) \
+            if self.sched.enable_prefix_caching and gen.text else ()
         sreq = Request(id=f"{gen.request_id}#{self._ids}", prompt_tokens=gen.prompt_tokens, max_tokens=gen.max_tokens,
-                       arrival=self.sched.now)
+                       arrival=self.sched.now, block_hashes=hashes)
         text = SyntheticText(gen.key, seed=self.config.seed, divergence=self.config.divergence)
         live = Live(gen, sreq, text, client_id, arrival)
         sreq.payload = live
@@ -156,6 +168,24 @@ class Engine:
         live.wake()
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except OutOfMemory as exc:
+            # A real engine core dies here (EngineDeadError): every request in flight fails, the server exits.
+            self.fatal = str(exc)
+            for line in str(exc).splitlines():
+                logger.error("%s", line)
+            logger.error("EngineCore encountered a fatal error.")
+            for request in [r for s in self.sched.streams for r in s.running] + list(self.sched.waiting):
+                live = request.payload
+                if live is not None and not live.recorded:
+                    self.abort(live)
+                    if live.transport is not None:
+                        live.transport.close()
+            if self.on_fatal is not None:
+                self.on_fatal()
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         scale = self.config.time_scale
         multi = self.sched.stream_num > 1
@@ -353,24 +383,36 @@ class _Reader(asyncio.StreamReader):
         super().feed_data(data)
 
 
+async def _first_byte(reader: asyncio.StreamReader) -> None:
+    """Wait until the connection has data (or is closed), without consuming it."""
+    if not reader._buffer and not reader.at_eof():  # noqa: SLF001 - StreamReader has no public peek
+        await reader._wait_for_data("idle")  # noqa: SLF001
+
+
 class HttpServer:
     def __init__(self, engine: Engine, config: ServerConfig):
         self.engine = engine
         self.config = config
         self.ready = False
         self.connections: set[asyncio.StreamWriter] = set()
+        self.body_bytes_in_flight = 0
 
     # -- connection ---------------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self.connections) >= MAX_CONNECTIONS:
+            self._simple(writer, 503, {"detail": "Service Unavailable"}, False)
+            writer.close()
+            return
         self.connections.add(writer)
         peer = writer.get_extra_info("peername") or ("-", 0)
         client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         try:
             while True:
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
+                    await asyncio.wait_for(_first_byte(reader), IDLE_TIMEOUT_SECONDS)
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_SECONDS)
+                except (asyncio.IncompleteReadError, TimeoutError):
                     break
                 except asyncio.LimitOverrunError:
                     self._simple(writer, 431, {"detail": "Request Header Fields Too Large"}, False)
@@ -378,7 +420,10 @@ class HttpServer:
                 try:
                     method, target, version, headers = self._parse_head(head)
                     keep_alive = self._keep_alive(version, headers)
-                    body = await self._read_body(reader, writer, version, headers)
+                    body = await asyncio.wait_for(self._read_body(reader, writer, version, headers),
+                                                  BODY_TIMEOUT_SECONDS)
+                except TimeoutError:
+                    break
                 except HttpError as exc:
                     self._simple(writer, exc.status, {"detail": REASONS.get(exc.status, "Bad Request")}, False)
                     break
@@ -431,11 +476,29 @@ class HttpServer:
         length_text = headers.get("content-length")
         if not chunked and not length_text:
             return b""
+        announced = 0
+        if not chunked:
+            try:
+                announced = int(length_text or "0")
+            except ValueError:
+                raise HttpError(400) from None
+            if announced < 0:
+                raise HttpError(400)
+            if announced > MAX_BODY_BYTES:
+                raise HttpError(413)
+            if self.body_bytes_in_flight + announced > MAX_BODY_BYTES_TOTAL:
+                raise HttpError(503)
         if headers.get("expect", "").lower() == "100-continue" and version == "HTTP/1.1":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if chunked:
-            parts: list[bytes] = []
-            total = 0
+        if not chunked:
+            self.body_bytes_in_flight += announced
+            try:
+                return await reader.readexactly(announced)
+            finally:
+                self.body_bytes_in_flight -= announced
+        parts: list[bytes] = []
+        total = 0
+        try:
             while True:
                 size_line = await reader.readuntil(b"\r\n")
                 try:
@@ -446,20 +509,16 @@ class HttpServer:
                     while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                         pass
                     return b"".join(parts)
-                total += size
-                if total > MAX_BODY_BYTES:
+                if total + size > MAX_BODY_BYTES:
                     raise HttpError(413)
+                if self.body_bytes_in_flight + size > MAX_BODY_BYTES_TOTAL:
+                    raise HttpError(503)
+                total += size
+                self.body_bytes_in_flight += size
                 parts.append(await reader.readexactly(size))
                 await reader.readexactly(2)
-        try:
-            length = int(length_text or "0")
-        except ValueError:
-            raise HttpError(400) from None
-        if length < 0:
-            raise HttpError(400)
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413)
-        return await reader.readexactly(length)
+        finally:
+            self.body_bytes_in_flight -= total
 
     # -- responses ----------------------------------------------------------
 
@@ -524,7 +583,8 @@ class HttpServer:
                                                              self.config.max_model_len, self.config.created),
                              keep_alive)
             elif path == "/version":
-                self._simple(writer, 200, {"version": self.config.version}, keep_alive)
+                self._simple(writer, 200, {"version": self.config.version, "cann": self.config.cann,
+                                           "cann_toolkit": self.config.cann_toolkit}, keep_alive)
             else:
                 parse = openai.parse_chat if path == "/v1/chat/completions" else openai.parse_completion
                 client_id = headers.get("x-request-id") or None
@@ -596,6 +656,7 @@ class HttpServer:
 async def serve(engine: Engine, server: HttpServer, sock: Any, host: str, port: int, stop: asyncio.Event,
                 on_ready: Any = None) -> None:
     """Accept connections on an already bound socket until ``stop`` is set."""
+    engine.on_fatal = stop.set
     loop_task = asyncio.create_task(engine.run())
     stats_task = asyncio.create_task(engine.log_stats()) if engine.config.log_stats_interval > 0 else None
     loop = asyncio.get_running_loop()

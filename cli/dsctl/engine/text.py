@@ -9,7 +9,7 @@
 * Output: token ``i`` of a request is a function of (engine seed, prompt,
   request seed, i) only: the same prompt gives the same text on every run.
 * KV sparsity: with divergence probability ``p`` (from the threshold, see
-  ``divergence_probability``) token ``i`` is replaced by another word when
+  ``dsctl.core.perf.perfmodel.divergence_probability``) token ``i`` is replaced by another word when
   ``u_i < p``, where ``u_i`` is a uniform number fixed per (prompt, i).
   ``u_i`` does not depend on the threshold, so the positions that differ from
   the threshold-0 output at a threshold t1 are a subset of those at any
@@ -38,6 +38,27 @@ def count_tokens(text: str) -> int:
     return count
 
 
+def token_units(text: str) -> list[str]:
+    """The prompt's tokens as ``count_tokens`` counts them (a long word gives one unit per started 8 characters)."""
+    units: list[str] = []
+    for piece in _TOKEN_RE.findall(text):
+        units.extend(piece[i:i + CHARS_PER_TOKEN] for i in range(0, len(piece), CHARS_PER_TOKEN))
+    return units
+
+
+def block_hashes(units: list[str], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of a token sequence, as vLLM V1's prefix cache keys blocks (each block's
+    hash covers its tokens and the hash of the block before it)."""
+    hashes: list[int] = []
+    parent = b""
+    for start in range(0, len(units) - block_size + 1, block_size):
+        digest = hashlib.blake2b("\x1f".join(units[start:start + block_size]).encode("utf-8", "surrogatepass"),
+                                 digest_size=8, key=parent[:64]).digest()
+        hashes.append(int.from_bytes(digest, "little"))
+        parent = digest
+    return tuple(hashes)
+
+
 def _word(value: int) -> str:
     syllables = 1 + value % 3
     value //= 3
@@ -46,11 +67,6 @@ def _word(value: int) -> str:
         parts.append(SYLLABLES[value % len(SYLLABLES)])
         value //= len(SYLLABLES)
     return " " + "".join(parts)
-
-
-def divergence_probability(kv_keep_fraction: float) -> float:
-    """Chance that a token differs from the unsparsified output when only this share of KV is kept."""
-    return min(1.0, max(0.0, 1.0 - kv_keep_fraction))
 
 
 class SyntheticText:

@@ -335,9 +335,14 @@ line of a real host to ``dsctl.engine.__main__.main(["serve", ...])``, changed a
   the engine's profiles (dsctl/data/profiles.yaml, or ``--profile-json``); the engine serves the profile
   matched.  Without a match MODEL goes on as given and the engine names the profiles it knows.
 * ``--served-model-name`` defaults to MODEL as given, as vLLM's does.
-* ``--flag_name`` is read as ``--flag-name``, as vLLM reads it.  Flags the engine does not know (vLLM flags
-  it does not model, e.g. --data-parallel-size, --enable-prefix-caching, --compilation-config) are dropped
-  with a warning on stderr, with the value that follows them.
+* ``--flag_name`` is read as ``--flag-name``, as vLLM reads it.  vLLM flags the engine does not model
+  (``VLLM_ONLY_FLAGS``, e.g. --compilation-config, --kv-cache-dtype) are dropped with a warning on stderr,
+  with the value that follows them.  Any other flag -- a typo, or a knob of another engine such as the
+  fixed-batch engine's --stream-num, --batch-size, --kv-sparse-threshold -- is refused as real vLLM's
+  argparse refuses it: "vllm serve: error: unrecognized arguments: --stream-num 4", exit 2, before
+  anything starts.  The emulation's own controls (``EMULATION_FLAGS``: --chip, --time-scale, --startup,
+  --jitter, --record, --profile-json) pass, for the lab's harness; sites set them through
+  DSCTL_ENGINE_TIME_SCALE / DSCTL_ENGINE_STARTUP instead.
 * Start-up time: without ``--startup``, ``--startup $DSCTL_ENGINE_STARTUP`` (modelled seconds, default 2;
   "model" leaves it to the engine, which models loading every weight byte plus ~60 s of init, i.e. over a
   minute at time scale 1); without ``--time-scale``, ``--time-scale $DSCTL_ENGINE_TIME_SCALE`` when that
@@ -358,6 +363,25 @@ DEFAULT_STARTUP = "2"
 MODELLED_STARTUP = ("model", "modelled", "modeled", "auto")
 USAGE = "usage: vllm [-h] [-v] {serve} ...  (dsctl lab stand-in: only `vllm serve MODEL [flags]`)"
 _NUMBER = re.compile(r"-[0-9.]")
+# `vllm serve` flags (vLLM's engine and frontend arguments, docs.vllm.ai engine_args / serve --help) that the
+# emulated engine does not model: accepted and dropped, with their value.
+VLLM_ONLY_FLAGS = frozenset("""
+--compilation-config --speculative-config --kv-cache-dtype --load-format --download-dir --tokenizer
+--tokenizer-mode --revision --code-revision --tokenizer-revision --pipeline-parallel-size -pp
+--distributed-executor-backend --swap-space --cpu-offload-gb --num-gpu-blocks-override --max-logprobs
+--max-seq-len-to-capture --disable-custom-all-reduce --enable-lora --max-loras --max-lora-rank
+--scheduling-policy --max-num-partial-prefills --max-long-partial-prefills --long-prefill-token-threshold
+--num-scheduler-steps --generation-config --override-generation-config --chat-template --response-role
+--enable-auto-tool-choice --tool-call-parser --reasoning-parser --uvicorn-log-level --root-path
+--allowed-origins --allowed-methods --allowed-headers --ssl-keyfile --ssl-certfile --max-log-len
+--enable-log-requests --no-enable-log-requests --async-scheduling --no-async-scheduling --hf-overrides
+--enable-sleep-mode --kv-transfer-config --data-parallel-size-local --data-parallel-address
+--data-parallel-rpc-port --api-server-count --limit-mm-per-prompt --mm-processor-kwargs --guided-decoding-backend
+--structured-outputs-config --prefix-caching-hash-algo
+""".split())
+# The emulation's own controls (the lab's harness; not vLLM flags).
+EMULATION_FLAGS = frozenset(["--chip", "--time-scale", "--startup", "--jitter", "--record", "--profile-json"])
+SERVE_USAGE = "usage: vllm serve [model_tag] [options]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,7 +403,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if "-h" in args[1:] or "--help" in args[1:]:
         return engine.main(["serve", "--help"])
-    engine_args, dropped = engine_argv(args[1:], engine.build_parser(), load_models, os.environ)
+    parser = engine.build_parser()
+    unknown = unrecognized(args[1:], parser)
+    if unknown:
+        print(SERVE_USAGE, file=sys.stderr)
+        print("vllm serve: error: unrecognized arguments: " + " ".join(unknown), file=sys.stderr, flush=True)
+        return 2
+    engine_args, dropped = engine_argv(args[1:], parser, load_models, os.environ)
     if dropped:
         print("WARNING [vllm stand-in] ignoring vLLM arguments the emulated engine does not model: "
               + " ".join(dropped), file=sys.stderr, flush=True)
@@ -442,6 +472,34 @@ def engine_argv(args: list[str], parser: argparse.ArgumentParser, models: Any,
     if "startup" not in given and startup.lower() not in MODELLED_STARTUP:
         rest += ["--startup", startup]
     return head + rest, dropped
+
+
+def unrecognized(args: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The arguments real ``vllm serve`` would not recognise, as argparse lists them (a flag and its value)."""
+    known = serve_options(parser)
+    vllm_knows = (set(known) - FIXED_BATCH_FLAGS) | VLLM_ONLY_FLAGS | EMULATION_FLAGS
+    unknown: list[str] = []
+    tokens = list(args)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if not _is_flag(token):
+            continue
+        name, equals, _ = token.partition("=")
+        if name.startswith("--"):
+            name = "--" + name[2:].replace("_", "-")
+        if name in vllm_knows:
+            continue
+        unknown.append(token)
+        if not equals and index < len(tokens) and not _is_flag(tokens[index]):
+            unknown.append(tokens[index])
+            index += 1
+    return unknown
+
+
+# Knobs of the fixed-batch engine (dsctl engine serve) that vLLM has no flag for.
+FIXED_BATCH_FLAGS = frozenset(["--stream-num", "--batch-size", "--kv-sparse-threshold"])
 
 
 def serve_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

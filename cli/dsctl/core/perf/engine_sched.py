@@ -4,7 +4,7 @@ Pure and clock-free: the caller owns time.  Standard library plus
 ``dsctl.core.perf.perfmodel`` only (imported lazily), because the engine runs from
 a lab host's system python3.
 
-Continuous batching (``stream_num == 1``), modelled on vLLM V1's scheduler:
+Continuous batching (``mode="continuous"``: vLLM V1, vllm-ascend, MindIE), modelled on vLLM V1's scheduler:
 
 * One engine iteration at a time.  Its token budget is
   ``max_num_batched_tokens``.  Running requests are served first, in admission
@@ -25,32 +25,59 @@ Continuous batching (``stream_num == 1``), modelled on vLLM V1's scheduler:
 * The iteration lasts ``perfmodel.step_seconds(d, prefill_tokens,
   prefill_context, decode_batch, decode_kv_tokens)``.
 
-Fixed-batch multi-stream mode (``stream_num = S > 1``, the CANN 8.0 practice
-knob), a Proposed model:
+Fixed-batch multi-stream mode (``mode="fixed-batch"``: ``--batch-size B --stream-num S``), the CANN 8.0
+practice the field guide describes ("the 910B's continuous batching is limited by CANN 8.0's stream
+management; only fixed-batch-size multi-stream parallelism is supported", field-practice.md); the rules
+below are Proposed (no public source documents the engine's internals):
 
-* S streams each run a fixed batch of ``B = max_num_seqs // S`` slots.  An
-  idle stream with no requests forms a batch: up to B waiting requests whose
-  whole prompt fits in free KV blocks.  It then runs that batch to completion
-  (a finished request leaves its slot empty) before admitting anybody else.
-  Each stream iteration follows the continuous-batching rules above (budget,
-  chunking, blocks, preemption of the stream's newest request) within its
-  own batch.
-* The streams run concurrently on one chip.  Each stream iteration is its
-  own ``step_seconds`` (so every stream reads the weights it touches), made of
-  the fixed per-step part ``perfmodel.overhead_seconds`` (scheduling, launch,
-  tensor-parallel collectives: host and communication streams, which run in
-  parallel across streams) followed by the device part (the rest), which the
-  busy streams share equally (processor sharing: with k streams in their
-  device part, each progresses at 1/k).  With one stream this is exactly
-  continuous batching's ``step_seconds``.
-* Trade-offs this makes visible: a new request waits for a whole fixed
-  batch to drain (TTFT up, head-of-line blocking), while one stream's
-  prefill no longer stalls the other streams' decodes (lower ITL), and one
-  stream's overhead and collectives hide behind another's device work.  The
-  costs: every stream re-reads the weights, and an emptied slot stays empty
-  until its batch ends.  With perfmodel's fixed per-step overhead, S streams
-  never beat one continuous batch of S x B on throughput; only a host cost
-  that grows with the batch (not in perfmodel) would let them.
+* S streams each run a batch of up to B requests.  An idle stream forms a batch of up to B waiting
+  requests, reserving KV blocks for each one's prompt plus ``max_tokens`` (no preemption), and runs it
+  until every request in it has finished before it admits anybody else (a request that arrives meanwhile
+  waits for a stream to drain: head-of-line blocking, TTFT up).
+* The batch's prompts are prefilled together in one step (no chunking), then it decodes as one fixed
+  shape: a finished request's slot stays in the batch as padding, so every decode step costs the formed
+  batch size until the longest request ends.
+* A stream step is a host part -- the fixed per-step overhead (``perfmodel.overhead_seconds``) plus
+  ``host_ms_per_seq`` per sequence (sampling, detokenising, the script's Python), which vLLM V1 overlaps
+  with the device but a CANN 8.0 stream runs between its device steps -- followed by a device part (the
+  rest of ``step_seconds``).  Host parts of different streams run in parallel; device parts share the
+  chip equally (processor sharing: with k streams in their device part, each progresses at 1/k).
+* Trade-offs this makes visible: more streams hide host work behind other streams' device work and drain
+  a batch more often (throughput and TTFT better), but each stream re-reads the weights it touches and
+  shares the device (ITL worse, and beyond the host share throughput falls again); a larger batch
+  amortises the weights (throughput) but waits longer to drain and pads more (TTFT, ITL).
+
+No single corner of (B, S, threshold) wins.  From the offline evaluator (dsctl.core.perf.evaluate; R1-Distill-
+Qwen-7B on one 910B3, prompts uniform 64-1024, outputs uniform 16-192, 100 Poisson requests, seed 0, output
+agreement >= 0.9 required) over B in {1, 4, 16, 64} x S in {1, 2, 8} x threshold in {0, 0.15, 0.5}; corners
+are the extremes of each axis (tests/unit/test_evaluate.py::test_no_single_corner_wins reproduces it):
+
+    SLO / load                      meet  best (B, S, t)    goodput   at the best      best corner
+    itl  p99 <= 20 ms at 1 req/s       8  (4, 1, 0.15)      0.97/s    itl  17.0 ms     (64, 1, 0): 0.97/s, 18 ms
+    e2el p99 <= 15 s  at 1 req/s      12  (16, 1, 0.15)     0.97/s    e2el 5.92 s      (64, 1, 0): 0.97/s, 5.94 s
+    tpot p99 <= 60 ms at 4 req/s      16  (64, 2, 0)        3.29/s    tpot 33 ms       (64, 1, 0): 3.11/s, 23 ms
+
+Threshold 0.5 never qualifies (agreement 0.68); (64, 8, 0) does not start (512 full-length KV slots do not
+fit); 8 streams of one request each re-read the weights 8 times (ITL 103 ms).  No fixed-batch
+configuration meets ttft p99 <= 200 ms at 4 req/s: a request waits for a batch to drain.
+
+Knobs with an effect (sources and Proposed rules):
+
+* ``block_size``: KV allocated in blocks (internal fragmentation); blocks below vllm-ascend's 128 also cost
+  attention efficiency: KV reads x (1 + 0.1 x log2(128 / block_size)) (Proposed).
+* ``pa_shape_list`` (vllm-ascend FAQ #25: "at some (medium) batch sizes PA is faster" than the default FIA):
+  a decode step whose batch size is listed runs PA, whose KV reads take x0.8 for batches 8-64 and x1.3
+  outside (Proposed).
+* ``enforce_eager``: every step pays ``eager_ms_per_layer`` per layer (no ACLGraph replay); start-up skips
+  graph capture and keeps less reserved memory (perfmodel; Proposed).
+* ``multistream_overlap_shared_expert``: on a MoE model with shared experts over several chips, half of the
+  per-layer collective time hides behind the shared experts (Proposed); no effect on dense models, as in
+  vllm-ascend.
+* ``enable_prefix_caching``: a request whose leading full blocks (by chained hashes of their tokens) were
+  prefilled before skips them (vLLM V1's prefix cache; the cache is bounded by the block count).
+* Memory under load: a step whose activations (``perfmodel.step_activation_bytes``) exceed the
+  allocator's limit (``perfmodel.activation_limit_bytes``, which reads PYTORCH_NPU_ALLOC_CONF) raises
+  `OutOfMemory` with the aclrtMalloc lines: the engine dies, as a real one does.
 
 Optional seeded jitter multiplies every iteration's work by a factor drawn
 from N(1, jitter) (clamped at 0.2).
@@ -67,6 +94,19 @@ from typing import Any
 
 MIN_JITTER_FACTOR = 0.2
 _EPS = 1e-12
+CONTINUOUS = "continuous"
+FIXED_BATCH = "fixed-batch"
+MODES = (CONTINUOUS, FIXED_BATCH)
+# Proposed factors (module docstring)
+PA_FAST_BATCHES = (8, 64)
+PA_FAST_FACTOR = 0.8
+PA_SLOW_FACTOR = 1.3
+BLOCK_FACTOR_PER_HALVING = 0.1
+SHARED_EXPERT_COMM_HIDDEN = 0.5
+
+
+class OutOfMemory(Exception):
+    """A step could not allocate its activations: the engine dies with these log lines."""
 
 WAITING = "waiting"
 RUNNING = "running"
@@ -93,6 +133,8 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     token_times: list[float] = field(default_factory=list)
+    block_hashes: tuple[int, ...] = ()  # chained hashes of the prompt's full blocks (prefix caching)
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied at the last admission
     payload: Any = None  # the caller's per-request state (the server's stream object)
 
     @property
@@ -119,6 +161,7 @@ class _Stream:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # the iteration in flight
     host_left: float = 0.0  # seconds of per-step overhead left (runs in parallel with other streams)
     device_left: float = 0.0  # seconds of device work left at the whole chip's speed (shared)
+    formed: int = 0  # fixed-batch: requests the running batch was formed with (finished ones stay as padding)
 
     @property
     def busy(self) -> bool:
@@ -126,7 +169,7 @@ class _Stream:
 
 
 class Scheduler:
-    """Continuous batching (stream_num == 1) or fixed-batch multi-stream (stream_num > 1).
+    """Continuous batching (``mode="continuous"``) or fixed-batch multi-stream (``mode="fixed-batch"``).
 
     Drive it with ``add``, then ``step`` (the next iteration's duration and the
     tokens it emitted), or ``poll``/``advance`` when arrivals may interrupt a
@@ -142,44 +185,83 @@ class Scheduler:
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
         stream_num: int = 1,
+        batch_size: int | None = None,
+        mode: str | None = None,
         block_size: int = 128,
+        enable_prefix_caching: bool = False,
+        pa_shape_list: Iterable[int] = (),
+        enforce_eager: bool = False,
+        multistream_overlap_shared_expert: bool = False,
+        activation_limit: float | None = None,
         jitter: float = 0.0,
         seed: int = 0,
         step_seconds: Callable[..., float] | None = None,
         overhead_seconds: Callable[[Any], float] | None = None,
     ):
-        if max_num_seqs < 1 or max_num_batched_tokens < 1 or block_size < 1:
-            raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be positive")
-        if not 1 <= stream_num <= max_num_seqs:
-            raise ValueError(f"stream_num ({stream_num}) must be between 1 and max_num_seqs ({max_num_seqs})")
-        if step_seconds is None or overhead_seconds is None:
-            from dsctl.core.perf import perfmodel
+        if mode is None:
+            mode = FIXED_BATCH if (stream_num > 1 or batch_size is not None) else CONTINUOUS
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if max_num_seqs < 1 or max_num_batched_tokens < 1 or block_size < 1 or stream_num < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens, block_size and stream_num must be positive")
+        if mode == CONTINUOUS and stream_num != 1:
+            raise ValueError("stream_num is a fixed-batch knob: continuous batching runs one engine loop")
+        if mode == FIXED_BATCH:
+            if batch_size is None:
+                if stream_num > max_num_seqs:
+                    raise ValueError(f"stream_num ({stream_num}) must be between 1 and max_num_seqs ({max_num_seqs})")
+                batch_size = max_num_seqs // stream_num
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be positive, got {batch_size}")
+            max_num_seqs = batch_size * stream_num
+        from dsctl.core.perf import perfmodel
 
-            step_seconds = step_seconds or perfmodel.step_seconds
-            overhead_seconds = overhead_seconds or perfmodel.overhead_seconds
+        self._pm = perfmodel
         self.deployment = deployment
-        self._step_seconds = step_seconds
-        self._overhead_seconds = overhead_seconds
+        self._step_seconds = step_seconds or perfmodel.step_seconds
+        self._overhead_seconds = overhead_seconds or perfmodel.overhead_seconds
+        self.mode = mode
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_chunked_prefill = enable_chunked_prefill
+        self.enable_chunked_prefill = enable_chunked_prefill and mode == CONTINUOUS
         self.stream_num = stream_num
-        self.batch_size = max_num_seqs // stream_num
+        self.batch_size = batch_size if mode == FIXED_BATCH else max_num_seqs
         self.block_size = block_size
         self.num_blocks = kv_capacity_tokens // block_size
         self.free_blocks = self.num_blocks
+        self.enable_prefix_caching = enable_prefix_caching and mode == CONTINUOUS
+        self.pa_shapes = frozenset(int(b) for b in pa_shape_list)
+        self.enforce_eager = enforce_eager
+        self.multistream_overlap_shared_expert = multistream_overlap_shared_expert
+        self.activation_limit = activation_limit
         self.jitter = jitter
         self._rng = random.Random(seed)
         self.now = 0.0
         self.waiting: deque[Request] = deque()
         self.streams = [_Stream(i) for i in range(stream_num)]
         self._by_id: dict[str, Request] = {}
+        self._prefix_cache: dict[int, None] = {}  # block hash -> (LRU order), at most num_blocks entries
+        self._block_factor = 1.0 + BLOCK_FACTOR_PER_HALVING * max(0.0, math.log2(128 / block_size))
+        self._extra_overhead = self._fixed_extra_overhead()
         # counters for /metrics
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.num_iterations = 0
         self.iteration_tokens: list[int] = []  # tokens per completed iteration since the last drain
+
+    def _fixed_extra_overhead(self) -> float:
+        d = self.deployment
+        efficiency = getattr(d, "efficiency", None)
+        model = getattr(d, "model", None)
+        if efficiency is None or model is None:
+            return 0.0
+        extra = model.layers * efficiency.eager_ms_per_layer / 1e3 if self.enforce_eager else 0.0
+        if (self.multistream_overlap_shared_expert and model.is_moe and model.shared_experts and d.chips > 1):
+            extra -= model.layers * efficiency.comm_ms_per_layer * SHARED_EXPERT_COMM_HIDDEN / 1e3
+        return extra
 
     # -- queue management -------------------------------------------------
 
@@ -189,7 +271,12 @@ class Scheduler:
             raise ValueError("a request needs at least one prompt token and one output token")
         if self._blocks_for(request.prompt_tokens + request.max_tokens) > self.num_blocks:
             raise ValueError(f"request {request.id} needs more KV blocks than the cache has ({self.num_blocks})")
-        if not self.enable_chunked_prefill and request.prompt_tokens + request.max_tokens > self.max_num_batched_tokens:
+        if self.mode == FIXED_BATCH and self._blocks_for(request.prompt_tokens + request.max_tokens) > \
+                self.num_blocks // self.max_num_seqs:
+            raise ValueError(f"request {request.id} is longer than a fixed-batch slot "
+                             f"({self.num_blocks // self.max_num_seqs * self.block_size} tokens)")
+        if self.mode == CONTINUOUS and not self.enable_chunked_prefill and \
+                request.prompt_tokens + request.max_tokens > self.max_num_batched_tokens:
             raise ValueError(f"request {request.id} is longer than max_num_batched_tokens "
                              f"({self.max_num_batched_tokens}) and chunked prefill is off")
         if request.id in self._by_id:
@@ -236,26 +323,55 @@ class Scheduler:
         None when idle.  An event is an iteration ending, or (multi-stream) a stream moving from its
         overhead to its device part; ``advance`` past it returns no tokens in the latter case.
         """
-        for stream in self.streams:
-            if not stream.busy:
+        if self.stream_num == 1:  # one stream: no sharing, no phases
+            stream = self.streams[0]
+            if not stream.scheduled:
                 self._start(stream)
-        busy = [s for s in self.streams if s.busy]
+            return stream.device_left if stream.scheduled else None
+        for stream in self.streams:
+            if not stream.scheduled:
+                self._start(stream)
+        return self._next_event()[0]
+
+    def _next_event(self) -> tuple[float | None, list[_Stream], int]:
+        """(seconds to the next phase end or None, busy streams, streams sharing the device)."""
+        busy = [s for s in self.streams if s.scheduled]
         if not busy:
-            return None
-        sharing = sum(1 for s in busy if s.host_left <= 0) or 1
-        return min(s.host_left if s.host_left > 0 else s.device_left * sharing for s in busy)
+            return None, busy, 1
+        sharing = 0
+        for stream in busy:
+            if stream.host_left <= 0:
+                sharing += 1
+        sharing = sharing or 1
+        nxt = math.inf
+        for stream in busy:
+            value = stream.host_left if stream.host_left > 0 else stream.device_left * sharing
+            if value < nxt:
+                nxt = value
+        return nxt, busy, sharing
 
     def advance(self, seconds: float) -> list[tuple[Request, int]]:
         """Let ``seconds`` pass; finish the iterations that end by then.  Returns (request, tokens) events."""
         seconds = max(seconds, 0.0)
         events: list[tuple[Request, int]] = []
+        if self.stream_num == 1:
+            stream = self.streams[0]
+            while stream.scheduled and seconds > _EPS:
+                dt = min(seconds, stream.device_left)
+                self.now += dt
+                seconds -= dt
+                stream.device_left -= dt
+                if stream.device_left <= _EPS:
+                    events.extend(self._complete(stream))
+                    break  # the caller polls again before more time passes
+            if not stream.scheduled and seconds > _EPS:
+                self.now += seconds
+            return events
         while True:
-            busy = [s for s in self.streams if s.busy]
-            if not busy:
+            nxt, busy, sharing = self._next_event()
+            if nxt is None:
                 self.now += seconds
                 return events
-            sharing = sum(1 for s in busy if s.host_left <= 0) or 1
-            nxt = min(s.host_left if s.host_left > 0 else s.device_left * sharing for s in busy)
             dt = min(seconds, nxt)
             self.now += dt
             seconds -= dt
@@ -319,56 +435,129 @@ class Scheduler:
         request.stream = stream.index
         stream.running.append(request)
 
+    def _cached_prefix(self, request: Request) -> int:
+        """Prompt tokens the prefix cache holds for ``request`` (whole leading blocks, never the last token)."""
+        if not self.enable_prefix_caching or not request.block_hashes or request.num_computed:
+            return 0
+        self.prefix_cache_queries += request.prompt_tokens
+        hits = 0
+        for block_hash in request.block_hashes:
+            if block_hash not in self._prefix_cache:
+                break
+            hits += 1
+        tokens = min(hits * self.block_size, request.prompt_tokens - 1)
+        tokens -= tokens % self.block_size
+        self.prefix_cache_hits += tokens
+        return tokens
+
+    def _remember_prefix(self, request: Request) -> None:
+        if not self.enable_prefix_caching:
+            return
+        cache = self._prefix_cache
+        for block_hash in request.block_hashes:
+            cache.pop(block_hash, None)
+            cache[block_hash] = None
+        while len(cache) > self.num_blocks:
+            del cache[next(iter(cache))]
+
+    def _kv_factor(self, decode_batch: int) -> float:
+        factor = self._block_factor
+        if decode_batch and decode_batch in self.pa_shapes:
+            low, high = PA_FAST_BATCHES
+            factor *= PA_FAST_FACTOR if low <= decode_batch <= high else PA_SLOW_FACTOR
+        return factor
+
     def _start(self, stream: _Stream) -> None:
-        if self.stream_num > 1 and not stream.running:
-            self._form_batch(stream)
-        scheduled = self._plan(stream)
+        if self.mode == FIXED_BATCH:
+            if not stream.running:
+                self._form_batch(stream)
+            scheduled = self._plan_fixed(stream)
+        else:
+            scheduled = self._plan(stream)
         if not scheduled:
             return
         prefill_tokens = prefill_context = decode_batch = decode_kv = 0
+        longest_chunk = longest_sequence = 0
+        now = self.now
         for request, tokens in scheduled:
             if request.scheduled_at is None:
-                request.scheduled_at = self.now
-            if request.is_decode:
+                request.scheduled_at = now
+            computed = request.num_computed
+            if request.output_tokens and request.prompt_tokens + request.output_tokens - computed == 1:  # a decode
                 decode_batch += 1
-                decode_kv += request.num_computed + 1
+                decode_kv += computed + 1
             else:
                 prefill_tokens += tokens
                 prefill_context += request.num_computed
-        work = self._step_seconds(self.deployment, prefill_tokens, prefill_context, decode_batch, decode_kv)
+                if tokens > longest_chunk:
+                    longest_chunk, longest_sequence = tokens, request.num_computed + tokens
+        if self.mode == FIXED_BATCH and decode_batch:
+            decode_batch = max(decode_batch, stream.formed)  # finished slots still run as padding
+        sequences = len(scheduled) if not decode_batch else max(len(scheduled), decode_batch)
+        if self.activation_limit is not None:
+            need = self._pm.step_activation_bytes(self.deployment, prefill_tokens + decode_batch, sequences,
+                                                  longest_chunk, longest_sequence)
+            if need > self.activation_limit:
+                raise OutOfMemory(self._pm.malloc_failure(self.deployment, need, self.activation_limit))
+        work = self._step_seconds(self.deployment, prefill_tokens, prefill_context, decode_batch, decode_kv,
+                                  kv_factor=self._kv_factor(decode_batch), extra_overhead_s=self._extra_overhead)
+        host = 0.0
+        if self.mode == FIXED_BATCH:
+            efficiency = getattr(self.deployment, "efficiency", None)
+            per_seq = efficiency.host_ms_per_seq / 1e3 if efficiency is not None else 0.0
+            fixed = min(self._overhead_seconds(self.deployment) + self._extra_overhead, work)
+            host = fixed + per_seq * sequences
+            work = work - fixed + host
         if self.jitter:
-            work *= max(MIN_JITTER_FACTOR, self._rng.gauss(1.0, self.jitter))
+            factor = max(MIN_JITTER_FACTOR, self._rng.gauss(1.0, self.jitter))
+            work *= factor
+            host *= factor
         work = max(work, 1e-6)
         stream.scheduled = scheduled
-        if self.stream_num == 1:  # one phase: exactly step_seconds
+        if self.stream_num == 1:  # one stream: host and device run one after the other, exactly ``work``
             stream.host_left, stream.device_left = 0.0, work
         else:
-            host = min(self._overhead_seconds(self.deployment), work)
             stream.host_left, stream.device_left = host, work - host
             if stream.device_left <= _EPS:
                 stream.host_left, stream.device_left = 0.0, work
 
     def _form_batch(self, stream: _Stream) -> None:
-        """Multi-stream mode: an empty stream takes up to B waiting requests whose prompts fit in free KV."""
+        """Fixed-batch mode: an empty stream takes up to B waiting requests, reserving KV for prompt + max_tokens."""
         while self.waiting and len(stream.running) < self.batch_size:
             request = self.waiting[0]
-            if not self._allocate(request, request.num_tokens):
+            if not self._allocate(request, request.prompt_tokens + request.max_tokens):
                 break
             self._admit(stream, request)
+        stream.formed = len(stream.running)
+
+    def _plan_fixed(self, stream: _Stream) -> list[tuple[Request, int]]:
+        """The batch's prompts all at once (no chunking), else one decode of every live request."""
+        prefills = [(r, r.uncomputed) for r in stream.running if not r.is_decode]
+        if prefills:
+            return prefills
+        return [(r, 1) for r in stream.running]
 
     def _plan(self, stream: _Stream) -> list[tuple[Request, int]]:
         budget = self.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         index = 0
-        while index < len(stream.running) and budget > 0:
-            request = stream.running[index]
-            tokens = request.uncomputed
+        running = stream.running
+        block_size = self.block_size
+        while index < len(running) and budget > 0:
+            request = running[index]
+            computed = request.num_computed
+            tokens = request.prompt_tokens + request.output_tokens - computed
             if tokens > budget:
                 if not self.enable_chunked_prefill:
                     index += 1  # a whole prefill that does not fit this iteration waits for a later one
                     continue
                 tokens = budget
+            if -(-(computed + tokens) // block_size) <= request.blocks:  # fast path: its blocks suffice
+                scheduled.append((request, tokens))
+                budget -= tokens
+                index += 1
+                continue
             while not self._allocate(request, request.num_computed + tokens):
                 preempted = True
                 if self._preempt(stream) is request:
@@ -378,17 +567,20 @@ class Scheduler:
             scheduled.append((request, tokens))
             budget -= tokens
             index += 1
-        if self.stream_num > 1 or preempted:
+        if preempted:
             return scheduled
         while self.waiting and len(stream.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
-            tokens = request.uncomputed
+            cached = self._cached_prefix(request)
+            tokens = request.uncomputed - cached
             if tokens > budget:
                 if not self.enable_chunked_prefill:
                     break
                 tokens = budget
-            if not self._allocate(request, request.num_computed + tokens):
+            if not self._allocate(request, request.num_computed + cached + tokens):
                 break  # KV full: wait
+            request.num_computed += cached
+            request.cached_tokens = cached
             self._admit(stream, request)
             scheduled.append((request, tokens))
             budget -= tokens
@@ -397,28 +589,32 @@ class Scheduler:
     def _complete(self, stream: _Stream) -> list[tuple[Request, int]]:
         events: list[tuple[Request, int]] = []
         total = 0
+        now = self.now
         for request, tokens in stream.scheduled:
             total += tokens
             if request.status != RUNNING:
                 continue  # aborted while in flight
             request.num_computed += tokens
-            if request.num_computed < request.num_tokens:
+            if request.num_computed < request.prompt_tokens + request.output_tokens:
                 continue  # a chunk of a longer prefill
             if request.first_token_at is None:
-                request.first_token_at = self.now
+                request.first_token_at = now
                 self.prompt_tokens_total += request.prompt_tokens
+                self._remember_prefix(request)
             request.output_tokens += 1
-            request.token_times.append(self.now)
+            request.token_times.append(now)
             self.generation_tokens_total += 1
             if request.output_tokens >= request.max_tokens:
                 request.status = FINISHED
-                request.finished_at = self.now
+                request.finished_at = now
                 stream.running.remove(request)
                 self._free(request)
                 self._by_id.pop(request.id, None)
             events.append((request, 1))
         stream.scheduled = []
         stream.host_left = stream.device_left = 0.0
+        if not stream.running:
+            stream.formed = 0
         self.num_iterations += 1
         self.iteration_tokens.append(total)
         return events

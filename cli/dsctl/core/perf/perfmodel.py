@@ -46,6 +46,8 @@ KV_DTYPE_BYTES = 2  # the default KV cache dtype is bf16; Model.kv_bytes_per_tok
 # window that sparse-attention schemes keep unconditionally). Inferred; no public tool tunes this knob
 # (serving-and-tuning.md s.9.5), so the shape is a model, not a measurement.
 KV_KEEP_FLOOR = 0.05
+KV_KEEP_SCALE = 0.15 / math.log((1 - KV_KEEP_FLOOR) / (0.60 - KV_KEEP_FLOOR))  # keep(0.15) = 0.60, the guide's anchor
+DIVERGENCE_SCALE = 0.5
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,12 @@ class Model:
     kv_heads: int | None = None  # ranks the KV cache splits over; None = any group size (MLA: 1)
     experts: int = 0             # routed experts per MoE layer; 0 = dense
     experts_per_token: int = 0
+    num_heads: int = 0           # attention heads (vLLM: must divide by the tensor-parallel size)
+    gqa_kv_heads: int | None = None  # GQA key/value heads (None for MLA, whose latent has no heads)
+    hidden_size: int = 0
+    ffn_intermediate: int = 0    # MLP width one token runs (MoE: (k + shared) x expert width)
+    vocab_size: int = 0
+    shared_experts: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -99,6 +107,11 @@ class Efficiency:
     init_s: float = 0.0             # fixed start-up work besides loading
     step_overhead_ms: float = 0.0   # per engine step
     comm_ms_per_layer: float = 0.0  # per layer and step, only when chips > 1
+    reserved_gb: float = 1.0        # the engine's arithmetic: neither weights, KV nor activations (graph pools, HCCL)
+    eager_reserved_gb: float = 0.5  # the same with --enforce-eager (no graph pool)
+    eager_ms_per_layer: float = 0.0  # --enforce-eager: per layer and step, operators launched one by one
+    capture_s: float = 0.0          # part of init_s spent capturing graphs (skipped with --enforce-eager)
+    host_ms_per_seq: float = 0.0    # fixed-batch engine: host work per sequence and step, on the critical path
 
 
 def _efficiency(raw: dict[str, Any]) -> Efficiency:
@@ -107,6 +120,9 @@ def _efficiency(raw: dict[str, Any]) -> Efficiency:
         load_gbs=float(raw["load_gbs"]), init_s=float(raw.get("init_s", 0.0)),
         step_overhead_ms=float(raw.get("step_overhead_ms", 0.0)),
         comm_ms_per_layer=float(raw.get("comm_ms_per_layer", 0.0)),
+        reserved_gb=float(raw.get("reserved_gb", 1.0)), eager_reserved_gb=float(raw.get("eager_reserved_gb", 0.5)),
+        eager_ms_per_layer=float(raw.get("eager_ms_per_layer", 0.0)), capture_s=float(raw.get("capture_s", 0.0)),
+        host_ms_per_seq=float(raw.get("host_ms_per_seq", 0.0)),
     )
 
 
@@ -172,7 +188,10 @@ def _model(name: str, raw: dict[str, Any]) -> Model:
     return Model(name=name, total_params_b=float(raw["total_params_b"]), active_params_b=float(raw["active_params_b"]),
                  layers=layers, attn_dim=attn_dim, kv_bytes_per_token=kv_bytes, max_model_len=int(raw["max_model_len"]),
                  source=str(raw["source"]).strip(), kv_heads=kv_heads, experts=int(raw.get("experts", 0)),
-                 experts_per_token=int(raw.get("experts_per_token", 0)))
+                 experts_per_token=int(raw.get("experts_per_token", 0)), num_heads=int(raw["num_heads"]),
+                 gqa_kv_heads=kv_heads if kv["kind"] == "gqa" else None, hidden_size=int(raw.get("hidden_size", 0)),
+                 ffn_intermediate=int(raw.get("ffn_intermediate", 0)), vocab_size=int(raw.get("vocab_size", 0)),
+                 shared_experts=int(raw.get("shared_experts", 0)))
 
 
 @cache
@@ -351,12 +370,14 @@ def overhead_seconds(d: Deployment) -> float:
 
 
 def step_seconds(d: Deployment, prefill_tokens: int, prefill_context: int, decode_batch: int,
-                 decode_kv_tokens: int) -> float:
+                 decode_kv_tokens: int, *, kv_factor: float = 1.0, extra_overhead_s: float = 0.0) -> float:
     """One engine step mixing a prefill chunk with the running decodes (chunked prefill).
 
     The weights the step's tokens touch are read once, the decodes read their KV and the chunk reads its
     context's KV; compute is the chunk's prefill FLOPs plus the decodes'. Time is the slower of the two at the
     efficiency-scaled peaks, plus the step overhead. An empty step takes no time.
+    ``kv_factor`` scales the time of the KV reads (the attention kernel's efficiency: block size, FIA vs PA,
+    see engine_sched); ``extra_overhead_s`` is added to the fixed part (eager launches).
     """
     if min(prefill_tokens, prefill_context, decode_batch, decode_kv_tokens) < 0:
         raise ValueError("token counts must not be negative")
@@ -366,10 +387,10 @@ def step_seconds(d: Deployment, prefill_tokens: int, prefill_context: int, decod
     flops = (prefill_flops(d.model, prefill_tokens, prefill_context) if prefill_tokens else 0.0) \
         + (decode_flops(d.model, decode_batch, decode_kv_tokens, d.kv_keep_fraction) if decode_batch else 0.0)
     bytes_per_chip = (touched_params(d.model, tokens) * d.weight_bytes / d.chips
-                      + (prefill_context + decode_kv_tokens) * kv_bytes_per_token_per_chip(d))
+                      + (prefill_context + decode_kv_tokens) * kv_bytes_per_token_per_chip(d) * kv_factor)
     compute_s = flops / (d.chips * peak_flops(d) * d.efficiency.compute)
     memory_s = bytes_per_chip / (d.chip.hbm_bandwidth_gbs * GB * d.efficiency.bandwidth)
-    return max(compute_s, memory_s) + overhead_seconds(d)
+    return max(compute_s, memory_s) + overhead_seconds(d) + extra_overhead_s
 
 
 def prefill_seconds(d: Deployment, new_tokens: int, context_tokens: int = 0) -> float:
@@ -389,19 +410,193 @@ def decode_step_seconds(d: Deployment, batch: int, kv_tokens: int) -> float:
     return step_seconds(d, 0, 0, batch, kv_tokens)
 
 
-def startup_seconds(d: Deployment) -> float:
-    """Engine start-up: loading every weight byte at the load bandwidth, plus the fixed initialisation."""
-    return weights_bytes(d) / (d.efficiency.load_gbs * GB) + d.efficiency.init_s
+def startup_seconds(d: Deployment, enforce_eager: bool = False) -> float:
+    """Engine start-up: loading every weight byte at the load bandwidth, plus the fixed initialisation
+    (without graph capture under --enforce-eager)."""
+    init = d.efficiency.init_s - (d.efficiency.capture_s if enforce_eager else 0.0)
+    return weights_bytes(d) / (d.efficiency.load_gbs * GB) + max(init, 0.0)
 
 
 def kv_keep_fraction(threshold: float) -> float:
     """Fraction of KV pairs kept at ``--kv-sparse-threshold`` ``threshold`` in [0, 1).
 
-    Shape (inferred): FLOOR + (1 - FLOOR) x (1 - threshold)^2 -- 1.0 at 0, strictly decreasing. Attention
-    mass concentrates on few tokens, so raising the threshold drops pairs fast at first; sinks and the recent
-    window always stay, hence the floor (KV_KEEP_FLOOR). Scales KV bytes (capacity and decode reads) and decode
-    attention FLOPs; prefill still scores every pair.
+    Shape: FLOOR + (1 - FLOOR) x exp(-threshold / KV_KEEP_SCALE), 1.0 at 0, strictly decreasing. Attention mass
+    concentrates on few tokens, so raising the threshold drops pairs fast at first; sinks and the recent window
+    always stay, hence the floor (KV_KEEP_FLOOR). Anchor (field-practice.md, the field guide): threshold 0.15
+    "compressed the 128K-scenario KV cache to 12 GB" from "over 20 GB", i.e. keeps at most 12/20 = 0.60;
+    KV_KEEP_SCALE is chosen so that keep(0.15) = 0.60. The rest of the curve is Proposed. Scales KV bytes
+    (capacity and decode reads) and decode attention FLOPs; prefill still scores every pair.
+    What it costs is in ``divergence_probability``.
     """
     if not 0 <= threshold < 1:
         raise UsageError(f"kv_sparse_threshold must be in [0, 1), got {threshold}")
-    return KV_KEEP_FLOOR + (1 - KV_KEEP_FLOOR) * (1 - threshold) ** 2
+    return KV_KEEP_FLOOR + (1 - KV_KEEP_FLOOR) * math.exp(-threshold / KV_KEEP_SCALE)
+
+
+def divergence_probability(kv_keep_fraction: float) -> float:
+    """Chance that an output token differs from the unsparsified (threshold 0) output at this KV keep fraction.
+
+    Proposed: DIVERGENCE_SCALE x (1 - keep)^2 -- dropping the few lowest-scored pairs changes little (the
+    attention mass they carry is small), dropping most of them changes a lot. 0 at keep 1; at the guide's
+    threshold 0.15 (keep 0.60) 8 % of tokens differ, at 0.5 about 31 %, at 0.9 about 40 %. No public
+    measurement exists (field-practice.md: "quality must be checked against an unsparsified baseline").
+    """
+    dropped = min(1.0, max(0.0, 1.0 - kv_keep_fraction))
+    return DIVERGENCE_SCALE * dropped * dropped
+
+
+# --------------------------------------------------------------------------- the engine's start-up arithmetic
+#
+# vLLM profiles memory at start-up (vllm/v1/worker/gpu_worker.py determine_available_memory; vllm-ascend's
+# worker does the same on NPU): it runs one forward pass of max_num_batched_tokens dummy tokens (max_num_seqs
+# sequences), measures the activation peak, and gives the KV cache what is left:
+#     KV = HBM x gpu_memory_utilization - weights - peak activation - non-torch / graph memory
+# and stops with "No available memory for the cache blocks" when that is not positive.
+
+
+def activation_bytes_per_token(d: Deployment) -> float:
+    """Activation bytes one token of a forward pass holds at its peak, per chip (Proposed).
+
+    2 bytes x (3 x MLP width / chips (gate, up and the activated product are alive together; column-parallel
+    over the group) + 8 x hidden (residual, norms, q/k/v, attention output; replicated)). For Llama-3-8B this
+    gives 151 KB/token, 1.24 GB at 8192 tokens: near the ~2 GiB peak minus logits and non-torch memory that
+    vllm-project/vllm#10517 logs.
+    """
+    m = d.model
+    return 2.0 * (3.0 * m.ffn_intermediate / d.chips + 8.0 * m.hidden_size)
+
+
+def logits_bytes(d: Deployment, sequences: int) -> float:
+    """The sampler's fp32 logits of one step: one row of the vocabulary per sequence."""
+    return 4.0 * d.model.vocab_size * sequences
+
+
+def attention_mask_bytes(new_tokens: int, sequence_len: int) -> float:
+    """The fp16 causal mask rows a prefill chunk of ``new_tokens`` builds over its sequence (Proposed: vllm-ascend's
+    AttentionMaskBuilder materialises masks, up to the longest sequence of the step)."""
+    return 2.0 * new_tokens * sequence_len
+
+
+def activation_peak_bytes(d: Deployment, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> float:
+    """The profiling run's activation peak per chip: a full token budget, one full-length chunk's mask, logits."""
+    tokens = max(1, max_num_batched_tokens)
+    return (tokens * activation_bytes_per_token(d) + attention_mask_bytes(min(tokens, max_model_len), min(tokens,
+                                                                                                            max_model_len))
+            + logits_bytes(d, min(max_num_seqs, tokens)))
+
+
+def reserved_bytes(d: Deployment, enforce_eager: bool = False) -> float:
+    return (d.efficiency.eager_reserved_gb if enforce_eager else d.efficiency.reserved_gb) * GB
+
+
+def profiled_kv_budget_bytes_per_chip(d: Deployment, activation_peak: float, enforce_eager: bool = False) -> float:
+    """KV = HBM x utilisation - weights / chips - activation peak - reserved (per chip); <= 0: nothing."""
+    return (d.chip.hbm_gb * GB * d.memory_utilization - weights_bytes(d) / d.chips - activation_peak
+            - reserved_bytes(d, enforce_eager))
+
+
+def check_profiled(d: Deployment, max_model_len: int, activation_peak: float, enforce_eager: bool = False) -> int:
+    """KV capacity in tokens after vLLM's profiling arithmetic, or DoesNotFit in vLLM's words."""
+    if weights_bytes(d) / d.chips > d.chip.hbm_gb * GB:
+        raise DoesNotFit(_oom_message(d), reason="weights")
+    budget = profiled_kv_budget_bytes_per_chip(d, activation_peak, enforce_eager)
+    if budget <= 0:
+        raise DoesNotFit(NO_CACHE_MEMORY, reason="no_cache_memory")
+    capacity = math.floor(budget / kv_bytes_per_token_per_chip(d))
+    if capacity < max_model_len:
+        needed = max_model_len * kv_bytes_per_token_per_chip(d)
+        raise DoesNotFit(
+            f"ValueError: To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"{needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({budget / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+            f"{capacity}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            f"initializing the engine.",
+            reason="max_model_len", capacity_tokens=capacity)
+    return capacity
+
+
+# Under load (Proposed): the caching allocator hands a step's activations out of the memory the profiling run
+# reserved plus whatever HBM vLLM's budget left over (HBM x (1 - utilisation)). With
+# PYTORCH_NPU_ALLOC_CONF=expandable_segments:True segments grow in place and all of it is usable (vllm-ascend
+# FAQ #12, serving-and-tuning.md s.9.6); without, after a mix of step sizes the largest free block is only
+# FRAGMENTED_SHARE of it, and a step needing more fails with aclrtMalloc (field-practice.md, pitfall no. 1).
+# max_split_size_mb (the documented alternative) keeps big blocks whole: MAX_SPLIT_SHARE.
+FRAGMENTED_SHARE = 0.5
+MAX_SPLIT_SHARE = 0.75
+
+
+def allocator_share(alloc_conf: str) -> float:
+    """Share of the activation memory one allocation can get, from PYTORCH_NPU_ALLOC_CONF's text."""
+    options = {}
+    for item in alloc_conf.split(","):
+        key, _, value = item.partition(":")
+        options[key.strip()] = value.strip()
+    if options.get("expandable_segments", "").lower() == "true":
+        return 1.0
+    if "max_split_size_mb" in options:
+        return MAX_SPLIT_SHARE
+    return FRAGMENTED_SHARE
+
+
+def activation_limit_bytes(d: Deployment, activation_peak: float, share: float) -> float:
+    """The largest step activation the allocator can hand out under load, per chip."""
+    headroom = d.chip.hbm_gb * GB * (1.0 - d.memory_utilization)
+    return share * (activation_peak + headroom)
+
+
+def step_activation_bytes(d: Deployment, step_tokens: int, sequences: int, longest_chunk: int,
+                          longest_sequence: int) -> float:
+    """What one step allocates for activations per chip: its tokens, its longest prefill chunk's mask, logits."""
+    return (step_tokens * activation_bytes_per_token(d) + attention_mask_bytes(longest_chunk, longest_sequence)
+            + logits_bytes(d, sequences))
+
+
+def malloc_failure(d: Deployment, need: float, limit: float) -> str:
+    """The log lines of an allocation failure under load (CANN runtime, then torch_npu)."""
+    capacity = d.chip.hbm_gb * GB
+    # The runtime's code for ACL_ERROR_RT_MEMORY_ALLOCATION is 207001; the guide quotes "aclrtMalloc failed" and
+    # ACL_ERROR_RT_MEMORY_ALLOCATION_FAILED (field-practice.md). The exact line layout is inferred.
+    return (f"[ERROR] RUNTIME: aclrtMalloc failed, size={int(need)}, error code is 207001 "
+            f"(ACL_ERROR_RT_MEMORY_ALLOCATION_FAILED)\n"
+            f"RuntimeError: NPU out of memory. Tried to allocate {need / GIB:.2f} GiB (NPU 0; {capacity / GIB:.2f} "
+            f"GiB total capacity; {limit / GIB:.2f} GiB largest free block) If reserved memory is >> allocated "
+            f"memory try setting max_split_size_mb to avoid fragmentation.")
+
+
+# --------------------------------------------------------------------------- parallelism rules
+
+
+def parallel_problem(model: Model, tensor_parallel: int, data_parallel: int = 1, expert_parallel: bool = False,
+                     visible: int | None = None) -> str | None:
+    """vLLM's refusal of a parallel layout, in its words, or None.
+
+    * heads % tp: vllm/config ModelConfig.verify_with_parallel_config "Total number of attention heads (28)
+      must be divisible by tensor parallel size (8)." (quoted in dsctl issue 9);
+    * GQA KV heads: QKVParallelLinear splits them (tp < kv heads) or replicates them (tp >= kv heads) with
+      vllm.distributed.utils.divide, whose assert reads "{a} is not divisible by {b}";
+    * experts % ep with --enable-expert-parallel (ep = tp x dp): inferred from vllm-ascend's expert map, which
+      gives each rank experts / ep; the wording is Proposed;
+    * world size: "please ensure that world_size (N) is less than than max local gpu count (M)" (vLLM, typo
+      included).
+    """
+    if model.num_heads and model.num_heads % tensor_parallel:
+        return (f"ValueError: Total number of attention heads ({model.num_heads}) must be divisible by tensor "
+                f"parallel size ({tensor_parallel}).")
+    kv = model.gqa_kv_heads
+    if kv:
+        if tensor_parallel < kv and kv % tensor_parallel:
+            return f"AssertionError: {kv} is not divisible by {tensor_parallel}"
+        if tensor_parallel >= kv and tensor_parallel % kv:
+            return f"AssertionError: {tensor_parallel} is not divisible by {kv}"
+    if expert_parallel:
+        ep = tensor_parallel * data_parallel
+        if not model.is_moe:
+            return None  # vLLM ignores the flag on a dense model
+        if model.experts % ep:
+            return (f"AssertionError: Number of experts ({model.experts}) must be divisible by expert parallel "
+                    f"size ({ep}).")
+    world = tensor_parallel * data_parallel
+    if visible is not None and world > visible:
+        return (f"RuntimeError: please ensure that world_size ({world}) is less than than max local gpu count "
+                f"({visible})")
+    return None

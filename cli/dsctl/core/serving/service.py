@@ -126,7 +126,8 @@ def registry() -> dict[str, dict[str, Any]]:
             params.update({name: engines[other]["params"][name] for name in names})
         params.update(spec.get("params") or {})
         resolved[engine] = {"params": params, "reserved": dict(spec.get("reserved") or {}),
-                            "flattened": dict(spec.get("flattened") or {}), "rules": list(spec.get("rules") or [])}
+                            "flattened": dict(spec.get("flattened") or {}), "rules": list(spec.get("rules") or []),
+                            "misplaced": dict(spec.get("misplaced") or {})}
     return resolved
 
 
@@ -284,6 +285,8 @@ def check_params(engine: str, params: Mapping[str, Any] | None, *, vllm_ascend: 
         name, path = str(key), f"params.{key}"
         if name in flattened:
             raise _Problem(path, f"not a parameter: {flattened[name]}")
+        if name in spec["misplaced"]:
+            raise _Problem(path, f"not a {engine} parameter: {spec['misplaced'][name]}")
         if name in reserved:
             raise _Problem(path, f"set by the service field {reserved[name]}, not under params; move it there")
         entry = known.get(name)

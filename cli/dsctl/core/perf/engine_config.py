@@ -1,0 +1,190 @@
+"""One engine configuration and its start-up arithmetic, shared by the emulated engine and the offline evaluator.
+
+Pure, standard library plus dsctl.core.perf.perfmodel (the engine runs it from a host's system python3).
+`plan` does what an engine does before it listens, in order, and raises `StartupFailure` with the real
+words where a real one stops:
+
+1. parallelism (``perfmodel.parallel_problem``: heads % tp, KV heads, experts % ep, world size);
+2. the configuration's own rules (vLLM's max_num_batched_tokens checks; the fixed-batch engine's slots);
+3. memory:
+   * continuous batching (vLLM V1, vllm-ascend): vLLM's profiling arithmetic
+     ``KV = HBM x utilisation - weights - peak activation - reserved``, the peak growing with
+     max_num_batched_tokens and the chunk's sequence (``perfmodel.activation_peak_bytes``); "No available
+     memory for the cache blocks" when not positive, the max-seq-len error when it holds less than one
+     full-length request;
+   * fixed-batch (the CANN 8.0 practice, ``--batch-size B --stream-num S``, Proposed): no profiling run;
+     the engine reserves KV for S x B full-length requests at start-up (the guide's
+     ``--max_input_len``), and fails with torch_npu's out-of-memory words when that does not fit; what
+     is left serves the activations.
+4. the allocator limit under load from PYTORCH_NPU_ALLOC_CONF (``perfmodel.allocator_share``): the
+   scheduler raises OutOfMemory when a step needs more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+CONTINUOUS = "continuous"
+FIXED_BATCH = "fixed-batch"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    chip: str = "910B3"
+    mode: str = CONTINUOUS
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_chunked_prefill: bool = True
+    block_size: int = 128
+    enable_prefix_caching: bool = False
+    enforce_eager: bool = False
+    pa_shape_list: tuple[int, ...] = ()
+    multistream_overlap_shared_expert: bool = False
+    batch_size: int | None = None  # fixed-batch: requests per stream (default max_num_seqs // stream_num)
+    stream_num: int = 1
+    kv_sparse_threshold: float = 0.0
+    weight_bytes: float = 2.0
+    alloc_conf: str = ""  # PYTORCH_NPU_ALLOC_CONF the engine runs with ("" = the vendor default)
+    visible_npus: int = 8
+
+    def with_(self, **changes: Any) -> EngineConfig:
+        return replace(self, **changes)
+
+
+class StartupFailure(Exception):
+    """The engine refuses to start: ``message`` as the real engine prints it; ``reason`` its class."""
+
+    def __init__(self, message: str, reason: str = "config"):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+
+
+@dataclass
+class EnginePlan:
+    config: EngineConfig
+    deployment: Any
+    keep: float
+    max_model_len: int
+    batched: int
+    batch_size: int | None
+    capacity_tokens: int
+    kv_budget_bytes: float
+    activation_peak: float
+    activation_limit: float
+    startup_s: float
+    log: list[str] = field(default_factory=list)
+
+
+def plan(config: EngineConfig, perfmodel: Any = None) -> EnginePlan:
+    """The started engine's numbers, or StartupFailure."""
+    if perfmodel is None:
+        from dsctl.core.perf import perfmodel
+    from dsctl.errors import DsctlError
+
+    c = config
+    if c.mode not in (CONTINUOUS, FIXED_BATCH):
+        raise StartupFailure(f"ValueError: unknown scheduling mode {c.mode!r}")
+    try:
+        chip = perfmodel.chip_by_name(c.chip)
+        model = perfmodel.model_by_name(c.model)
+        keep = perfmodel.kv_keep_fraction(c.kv_sparse_threshold)
+        efficiency = perfmodel.load_profiles()[2]
+        d = perfmodel.Deployment(chip=chip, model=model, chips=c.tensor_parallel_size,
+                                 memory_utilization=c.gpu_memory_utilization, weight_bytes=c.weight_bytes,
+                                 kv_keep_fraction=keep, efficiency=efficiency)
+    except DsctlError as exc:
+        raise StartupFailure(f"ValueError: {exc}") from None
+    problem = perfmodel.parallel_problem(model, c.tensor_parallel_size, c.data_parallel_size,
+                                         c.enable_expert_parallel, c.visible_npus)
+    if problem:
+        raise StartupFailure(problem, "parallel")
+    max_model_len = c.max_model_len or model.max_model_len
+    batched = c.max_num_batched_tokens
+    if batched is None:
+        batched = 2048 if c.enable_chunked_prefill else max(max_model_len, 2048)
+    share = perfmodel.allocator_share(c.alloc_conf)
+    startup = perfmodel.startup_seconds(d, c.enforce_eager)
+    if c.mode == FIXED_BATCH:
+        return _plan_fixed(c, d, keep, max_model_len, batched, share, startup, perfmodel)
+    if not c.enable_chunked_prefill and batched < max_model_len:
+        raise StartupFailure(
+            f"ValueError: max_num_batched_tokens ({batched}) is smaller than max_model_len ({max_model_len}). This "
+            f"effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
+            f"sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+    if batched < c.max_num_seqs:
+        raise StartupFailure(
+            f"ValueError: max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs "
+            f"({c.max_num_seqs}).")
+    peak = perfmodel.activation_peak_bytes(d, batched, c.max_num_seqs, max_model_len)
+    try:
+        capacity = perfmodel.check_profiled(d, max_model_len, peak, c.enforce_eager)
+    except perfmodel.DoesNotFit as exc:
+        raise StartupFailure(str(exc), exc.reason) from None
+    budget = perfmodel.profiled_kv_budget_bytes_per_chip(d, peak, c.enforce_eager)
+    G = perfmodel.GIB
+    total = chip.hbm_gb * perfmodel.GB
+    log = [
+        "Memory profiling takes 0.50 seconds",
+        f"the current vLLM instance can use total_gpu_memory ({total / G:.2f}GiB) x gpu_memory_utilization "
+        f"({c.gpu_memory_utilization:.2f}) = {total * c.gpu_memory_utilization / G:.2f}GiB",
+        f"model weights take {perfmodel.weights_bytes(d) / d.chips / G:.2f}GiB; non_torch_memory takes "
+        f"{perfmodel.reserved_bytes(d, c.enforce_eager) / G:.2f}GiB; PyTorch activation peak memory takes "
+        f"{peak / G:.2f}GiB; the rest of the memory reserved for KV Cache is {budget / G:.2f}GiB.",
+    ]
+    limit = perfmodel.activation_limit_bytes(d, peak, share)
+    return EnginePlan(c, d, keep, max_model_len, batched, None, capacity, budget, peak, limit, startup, log)
+
+
+def _plan_fixed(c: EngineConfig, d: Any, keep: float, max_model_len: int, batched: int, share: float,
+                startup: float, perfmodel: Any) -> EnginePlan:
+    if c.stream_num < 1:
+        raise StartupFailure(f"ValueError: --stream-num must be positive, got {c.stream_num}")
+    batch = c.batch_size if c.batch_size is not None else c.max_num_seqs // c.stream_num
+    if batch < 1:
+        raise StartupFailure(f"ValueError: --stream-num ({c.stream_num}) cannot exceed --max-num-seqs "
+                             f"({c.max_num_seqs}): each stream runs max_num_seqs/stream_num requests")
+    slots = batch * c.stream_num
+    blocks_per_slot = math.ceil(max_model_len / c.block_size)
+    capacity = slots * blocks_per_slot * c.block_size
+    kv_bytes = capacity * perfmodel.kv_bytes_per_token_per_chip(d)
+    total = d.chip.hbm_gb * perfmodel.GB
+    if perfmodel.weights_bytes(d) / d.chips > total:
+        raise StartupFailure(perfmodel._oom_message(d), "weights")
+    free = total * c.gpu_memory_utilization - perfmodel.weights_bytes(d) / d.chips - \
+        perfmodel.reserved_bytes(d, c.enforce_eager)
+    G = perfmodel.GIB
+    if kv_bytes > free:
+        raise StartupFailure(
+            f"RuntimeError: NPU out of memory. Tried to allocate {kv_bytes / G:.2f} GiB (NPU 0; {total / G:.2f} GiB "
+            f"total capacity; {max(free, 0.0) / G:.2f} GiB free for the KV cache of {c.stream_num} streams x batch "
+            f"{batch} x {max_model_len} tokens)", "kv_reserve")
+    left = free - kv_bytes
+    limit = perfmodel.activation_limit_bytes(d, left, share)
+    log = [f"fixed-batch engine: {c.stream_num} streams x batch {batch}, KV reserved for {slots} x {max_model_len} "
+           f"tokens ({kv_bytes / G:.2f} GiB), {left / G:.2f} GiB left for activations"]
+    return EnginePlan(c, d, keep, max_model_len, batched, batch, capacity, kv_bytes, left, limit, startup, log)
+
+
+def scheduler(p: EnginePlan, *, jitter: float = 0.0, seed: int = 0, check_memory: bool = True) -> Any:
+    """The engine's scheduler for a started plan."""
+    from dsctl.core.perf.engine_sched import Scheduler
+
+    c = p.config
+    blocks = p.capacity_tokens // c.block_size
+    return Scheduler(
+        p.deployment, kv_capacity_tokens=blocks * c.block_size, max_num_seqs=c.max_num_seqs,
+        max_num_batched_tokens=p.batched, enable_chunked_prefill=c.enable_chunked_prefill,
+        stream_num=c.stream_num if c.mode == FIXED_BATCH else 1,
+        batch_size=p.batch_size, mode=c.mode, block_size=c.block_size,
+        enable_prefix_caching=c.enable_prefix_caching, pa_shape_list=c.pa_shape_list,
+        enforce_eager=c.enforce_eager, multistream_overlap_shared_expert=c.multistream_overlap_shared_expert,
+        activation_limit=p.activation_limit if check_memory else None, jitter=jitter, seed=seed)
