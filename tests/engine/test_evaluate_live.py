@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.commands.probe import ProbeConfig, execute
 from dsctl.core.load.arrivals import ArrivalSpec
 from dsctl.core.load.workload import LengthSpec, Workload
 from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
 from dsctl.core.perf.evaluate import evaluate
+from dsctl.services.probe import ProbeConfig, probe
+from dsctl.services.runtime import HttpProber
 
 from .test_engine_server import MODEL, Engine
 
@@ -38,9 +39,9 @@ def test_evaluator_matches_a_live_engine_and_probe(tmp_path, flags, config):
                      "--disable-uvicorn-access-log", "--disable-log-stats", *flags,
                      unset=("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "PYTORCH_NPU_ALLOC_CONF")).wait_ready()
     try:
-        outcome = execute(ProbeConfig(url=f"http://127.0.0.1:{started.port}", model=MODEL, rate=RATE / SCALE,
-                                      requests=REQUESTS, prompt_tokens=PROMPTS, output_tokens=OUTPUTS, seed=5,
-                                      timeout=120.0), show_progress=False)
+        config = ProbeConfig(url=f"http://127.0.0.1:{started.port}", model=MODEL, rate=RATE / SCALE,
+                             requests=REQUESTS, prompt_tokens=PROMPTS, output_tokens=OUTPUTS, seed=5, timeout=120.0)
+        outcome = probe(HttpProber(), config)
     finally:
         started.stop()
     live = outcome.data["metrics"]

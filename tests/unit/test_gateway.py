@@ -19,7 +19,7 @@ def services(*entries: dict) -> tuple:
 
 def chat(**extra) -> dict:
     return {"name": "chat", "engine": "lab-engine", "model": "m", "npus_per_instance": 4, "instances": 2,
-            "port": 8000, **extra}
+            "port": 8000, "allow_unauthenticated": True, **extra}
 
 
 def fleet(*entries: dict) -> list[FleetHost]:

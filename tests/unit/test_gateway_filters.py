@@ -20,7 +20,8 @@ def filters():
 
 FLEET_VARS = {"dsctl_npu_count": 8, "dsctl_package_source": "/srv/packages", "dsctl_service_manager": "supervisor",
               "dsctl_services": [{"name": "chat", "engine": "lab-engine", "model": "m", "npus_per_instance": 4,
-                                  "instances": 2, "port": 8000}]}
+                                  "instances": 2, "port": 8000,
+                                  "allow_unauthenticated": True}]}
 DECLARATION = {"services": [{"service": "chat", "port": 8080}]}
 
 

@@ -426,7 +426,8 @@ def test_every_template_is_documented():
     root = templates_dir()
     readme = (root / "README.md").read_text()
     templates = sorted(str(p.relative_to(root)) for p in root.rglob("*.j2"))
-    assert templates == ["common/launch-env.sh.j2", "common/service.env.j2", "lab-engine/launch.sh.j2",
+    assert templates == ["common/launch-env.sh.j2", "common/service.env.j2", "gateway/dsctl-gateway.service.j2",
+                         "gateway/nginx.conf.j2", "lab-engine/launch.sh.j2",
                          "managers/container-run.sh.j2", "managers/supervisor.conf.j2", "managers/systemd.service.j2",
                          "mindie/config.json.j2", "mindie/launch.sh.j2", "vllm-ascend/launch.sh.j2"]
     for name in templates:

@@ -3,12 +3,13 @@ the filter the role renders through, and naming the instance an interrupted roll
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
 import pytest
-import yaml
 
+from dsctl.adapters import inventory
 from dsctl.core.fleet.inventory_schema import validate_fleet
 from dsctl.errors import ExitStatus, UsageError
 from dsctl.services.deploy import DeployInputs, DeployInterrupted, RolloutTracker
@@ -18,19 +19,19 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "inventories" / "sample"
 
 
+@functools.cache
+def _sample_hostvars() -> dict[str, dict]:
+    return inventory.host_vars(SAMPLE)
+
+
 def sample_hostvars(**changes) -> dict[str, dict]:
-    """The sample inventory's hosts with its group_vars merged (what ansible-inventory gives for it)."""
-    group: dict = {}
-    for part in sorted((SAMPLE / "group_vars" / "npu_nodes").glob("*.yml")):
-        group.update(yaml.safe_load(part.read_text()) or {})
-    group.update(changes)
-    hosts = yaml.safe_load((SAMPLE / "hosts.yml").read_text())["all"]["children"]["npu_nodes"]["hosts"]
-    return {name: {**group, **(values or {})} for name, values in hosts.items()}
+    """The sample inventory's hosts as Ansible sees them (group_vars merged, the vaulted key templated)."""
+    return {name: {**values, **changes} for name, values in _sample_hostvars().items()}
 
 
 def chat(**fields) -> dict:
     return {"name": "chat", "engine": "vllm-ascend", "model": "/models/m", "npus_per_instance": 4, "instances": 2,
-            "params": {"max_num_seqs": 64}, **fields}
+            "params": {"max_num_seqs": 64}, "allow_unauthenticated": True, **fields}
 
 
 def plan(services=None, **kwargs):

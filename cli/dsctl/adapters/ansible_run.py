@@ -436,7 +436,6 @@ def run_playbook(
     on_event: EventHandler | None = None,
     artifacts_dir: Path | None = None,
     timeout: float | None = None,
-    vault: VaultOptions | None = None,
 ) -> PlaybookRun:
     """Run ``playbooks/<playbook>`` against ``inventory``; return per-host outcomes.
 

@@ -512,7 +512,7 @@ def _parse_cann(raw: Mapping[str, Any], files: Mapping[str, Any], problems: list
         kernels_installed_for=kernels_for,
         nnal_version=nnal or None,
         nnal_installed=tuple(sorted((str(name) for name, present in _mapping(raw.get("nnal_dirs")).items()
-                                     if present is True), key=version_sort_key)),
+                                     if present is True), key=version_key)),
         install_path=vf.parse_key_value(_str(files.get("cann_install_info")) or "").get("Install_Path") or None,
     )
 
