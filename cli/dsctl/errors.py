@@ -15,6 +15,7 @@ class ExitStatus(IntEnum):
     SLO_NOT_MET = 6
     TIMEOUT = 7
     ENVIRONMENT = 8
+    ERROR_RATE_EXCEEDED = 9
     INTERRUPTED = 130
 
 

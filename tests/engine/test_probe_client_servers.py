@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
 
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, Target, Timeouts
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
+from dsctl.errors import ExitStatus, UsageError
+from dsctl.services.probe import ProbeConfig
+from dsctl.services.probe import probe as probe_verb
+from dsctl.services.runtime import HttpProber
 
 from .test_engine_server import KEY, MODEL, Engine
 
@@ -63,6 +69,12 @@ class Server:
                     name, _, value = line.partition(b":")
                     headers[name.strip().lower().decode()] = value.strip().decode()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if head.startswith(b"GET /v1/models "):  # what a client asks first (the probe verb does)
+                    doc = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(doc), doc))
+                    await writer.drain()
+                    continue
                 request_id = headers.get("x-request-id")
                 if self.validate_uuid and request_id is not None and not _is_uuid(request_id):
                     # As a server that types the header as a UUID does: 400 with a JSON error body.
@@ -352,3 +364,57 @@ def test_engine_records_match_the_probe_requests_with_or_without_the_header(engi
     for rec in result.records:
         key = rec.request_id if header else rec.response_id  # the engine keys its record by either
         assert key in recorded and recorded[key]["output_tokens"] == rec.output_len == 4
+
+
+# --------------------------------------------------------------------------- the probe verb's exit status
+
+
+@contextmanager
+def server_in_thread(respond) -> Iterator[Server]:
+    """A Server on its own event loop in a thread, so the probe verb can run its own loop (bounded waits)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = Server(respond)
+    asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(timeout=10)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.__aexit__(None, None, None), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(("limit", "status"), [(None, ExitStatus.ERROR_RATE_EXCEEDED), (0.5, ExitStatus.OK)])
+def test_the_probe_verb_exits_9_above_the_error_rate_limit_and_names_the_failures(limit, status):
+    count = {"n": 0}
+
+    async def every_third_truncated(seen: Seen, data: dict, write: Writer) -> bool:
+        count["n"] += 1
+        if count["n"] % 3 == 0:
+            return await ends_without_done(seen, data, write)
+        return await stream_with_usage(seen, data, write)
+
+    with server_in_thread(every_third_truncated) as server:
+        extra = {} if limit is None else {"max_error_rate": limit}
+        result = probe_verb(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{server.port}", model="m",
+                                                      concurrency=1, requests=12, timeout=20, **extra))
+    assert result.exit_status == status
+    assert result.data["metrics"]["errors"]["failed"] == 4
+    if status:
+        assert result.errors == ("4 of 12 requests failed (4 truncated): error rate 33.3% is above "
+                                 "--max-error-rate 0.05",)
+    else:
+        assert result.errors == ()
+
+
+def test_the_probe_verb_sends_no_request_id_when_told_and_refuses_a_bad_header_name():
+    with server_in_thread(stream_with_usage) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        result = probe_verb(HttpProber(), ProbeConfig(url=url, model="m", concurrency=1, requests=3, timeout=20,
+                                                      request_id_header=None))
+        assert result.exit_status == ExitStatus.OK
+        assert [seen.request_id for seen in server.seen] == [None, None, None]
+        with pytest.raises(UsageError, match="--request-id-header 'x id'"):
+            probe_verb(HttpProber(), ProbeConfig(url=url, model="m", concurrency=1, requests=1,
+                                                 request_id_header="x id"))

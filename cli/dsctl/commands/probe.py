@@ -2,7 +2,8 @@
 
 Exit statuses: 0 the probe ran (some requests may have failed; they are counted, not hidden); 6 an SLO given with
 --goodput was missed, or --early-stop ended the probe because the miss was certain; 1 the server cannot be
-reached or every measured request failed (7 when every one of them timed out); 2 bad options.
+reached or every measured request failed (7 when every one of them timed out); 9 more than --max-error-rate of the
+requests failed; 2 bad options.
 """
 
 from __future__ import annotations
@@ -148,6 +149,12 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON result object.")] = False,
     record: Annotated[Path | None, typer.Option(
         "--record", help="Write one JSON line per measured request to this file.")] = None,
+    max_error_rate: Annotated[float, typer.Option(
+        "--max-error-rate", help="Largest share of failed requests that still counts as a valid run (exit 9 above it).")
+    ] = probe_metrics.DEFAULT_MAX_ERROR_RATE,
+    request_id_header: Annotated[str, typer.Option(
+        "--request-id-header", help="Header carrying each request's UUID (none: send no request id).")
+    ] = "x-request-id",
 ) -> None:
     """Load an OpenAI-compatible endpoint and report vllm-bench-serve metrics (TTFT, TPOT, ITL, E2EL, goodput)."""
     terms = list(goodput or [])
@@ -165,7 +172,8 @@ def run(
         arrival=arrival, burstiness=burstiness, ramp_to=ramp_to, requests=requests, duration=duration,
         warmup=warmup, prompt_tokens=prompt_tokens, output_tokens=output_tokens, prompts=prompts,
         shared_prefix=shared_prefix, goodput=tuple(terms), slo_stat=slo_stat, early_stop=early_stop, timeout=timeout,
-        api_key=api_key, seed=seed, ignore_eos=ignore_eos, record=record,
+        api_key=api_key, seed=seed, ignore_eos=ignore_eos, record=record, max_error_rate=max_error_rate,
+        request_id_header=None if request_id_header.lower() == "none" else request_id_header,
     )
     started = time.perf_counter()
     with ProbeProgress(notes=not as_json) as progress:

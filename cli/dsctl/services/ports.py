@@ -40,7 +40,8 @@ BodyMaker = Callable[[str, int], tuple[bytes, int]]
 
 
 class Prober(Protocol):
-    def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None, timeouts: Timeouts,
+    def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None,
+              request_id_header: str | None, timeouts: Timeouts,
               load: Load, warmup: int, body: BodyMaker, backstop: float, on_model: Callable[[str], None],
               on_finish: FinishHook, lag_samples: list[float] | None = None) -> tuple[str, RunResult]:
         """Resolve the model (``model`` or the first of /v1/models), call ``on_model``, run the load;

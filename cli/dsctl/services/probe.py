@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ DEFINITIONS = ("vllm bench serve (vllm/benchmarks/serve.py::calculate_metrics): 
                "(output tokens - 1) for requests with > 1 token; percentiles interpolate linearly; failed requests "
                "excluded from latencies; client queue time kept apart")
 DEFAULT_REQUESTS = 100
+REQUEST_ID_HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an RFC 9110 token
 WARMUP_BASE = 1_000_000_000  # workload indices of warm-up requests, so they never share a measured prompt
 
 
@@ -57,6 +59,8 @@ class ProbeConfig:
     seed: int = 0
     ignore_eos: bool = True
     record: Path | None = None
+    max_error_rate: float = probe_metrics.DEFAULT_MAX_ERROR_RATE
+    request_id_header: str | None = "x-request-id"  # None: send no request id
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,13 @@ def make_plan(cfg: ProbeConfig) -> Plan:
         raise UsageError(str(exc)) from None
     if cfg.endpoint not in ENDPOINTS:
         raise UsageError(f"--endpoint {cfg.endpoint!r}: expected completions or chat")
+    try:
+        probe_metrics.check_max_error_rate(cfg.max_error_rate)
+    except ValueError as exc:
+        raise UsageError(f"--max-error-rate: {exc}") from None
+    if cfg.request_id_header is not None and not REQUEST_ID_HEADER.fullmatch(cfg.request_id_header):
+        raise UsageError(f"--request-id-header {cfg.request_id_header!r}: expected an HTTP header name such as "
+                         "x-request-id, or none to send no request id")
     if cfg.rate is None and cfg.concurrency is None:
         raise UsageError("give --rate R (requests/s, or inf) or --concurrency C (a closed loop of C streams)")
     if cfg.concurrency is not None and cfg.concurrency < 1:
@@ -179,7 +190,8 @@ def describe(plan: Plan, model: str) -> str:
 
 
 def summarize(cfg: ProbeConfig, plan: Plan, model: str, result: RunResult, watch: SloWatch | None) -> ProbeResult:
-    metrics = probe_metrics.calculate_metrics(result.records, result.duration, plan.bounds_ms or None)
+    metrics = probe_metrics.calculate_metrics(result.records, result.duration, plan.bounds_ms or None,
+                                              max_error_rate=cfg.max_error_rate)
     errors: list[str] = []
     slo: dict[str, Any] | None = None
     code = ExitStatus.OK
@@ -203,6 +215,12 @@ def summarize(cfg: ProbeConfig, plan: Plan, model: str, result: RunResult, watch
         code = ExitStatus.TIMEOUT if all_timeouts else ExitStatus.ERROR
         first = failed[0]
         errors.insert(0, f"every request to {plan.target.url} failed ({first.error}: {first.error_detail})")
+    rate = metrics["errors"]
+    if rate["exceeded"] and code == ExitStatus.OK:
+        code = ExitStatus.ERROR_RATE_EXCEEDED
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(rate["by_class"].items()) if n)
+        errors.append(f"{rate['failed']} of {rate['finished']} requests failed ({kinds}): error rate "
+                      f"{rate['error_rate']:.1%} is above --max-error-rate {cfg.max_error_rate:g}")
     warm_failed = sum(1 for r in result.warmup if not r.success)
     data = {
         "target": {"url": plan.target.url, "endpoint": plan.path, "model": model},
@@ -294,6 +312,7 @@ def probe(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_progress
         return watch.certainly_missed() if cfg.early_stop else None
 
     model, result = prober.probe(plan.target, path=plan.path, model=cfg.model, api_key=cfg.api_key,
+                                 request_id_header=cfg.request_id_header,
                                  timeouts=plan.timeouts, load=plan.load, warmup=cfg.warmup, body=body,
                                  backstop=_backstop(plan), on_model=on_model, on_finish=on_finish,
                                  lag_samples=lag_samples)

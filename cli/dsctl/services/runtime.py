@@ -51,11 +51,13 @@ async def _resolve_model(client: ProbeClient, model: str | None) -> str:
 class HttpProber:
     """`Prober` over dsctl's streaming OpenAI client (one asyncio loop per probe)."""
 
-    def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None, timeouts: Timeouts,
+    def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None,
+              request_id_header: str | None, timeouts: Timeouts,
               load: Load, warmup: int, body: BodyMaker, backstop: float, on_model: Callable[[str], None],
               on_finish: FinishHook, lag_samples: list[float] | None = None) -> tuple[str, RunResult]:
         async def main() -> tuple[str, RunResult]:
-            async with ProbeClient(target, api_key=api_key, timeouts=timeouts, lag_samples=lag_samples) as client:
+            async with ProbeClient(target, api_key=api_key, timeouts=timeouts, lag_samples=lag_samples,
+                                   request_id_header=request_id_header) as client:
                 resolved = await _resolve_model(client, model)
                 on_model(resolved)
 
