@@ -34,7 +34,8 @@ INSTALLER_TASKS = {
 }
 SERVICE = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
            "served_model_name": "r1-7b", "npus_per_instance": 8, "instances": 1, "port": 8000,
-           "health_timeout_s": 120, "params": {"max_num_seqs": 32}}
+           "health_timeout_s": 120, "params": {"max_num_seqs": 32},
+           "allow_unauthenticated": True}
 
 
 @pytest.fixture(scope="module")
