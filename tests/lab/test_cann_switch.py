@@ -32,8 +32,9 @@ INSTALLER_TASKS = {
     "Run the toolkit installer", "Run the kernels installer", "Run the NNAL installer",
     "Install the pinned distributions (pip verifies every wheel's hash)",
 }
+# TP4: the model has 28 attention heads, and vLLM (like the lab engine) refuses a tensor-parallel size not dividing it.
 SERVICE = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
-           "served_model_name": "r1-7b", "npus_per_instance": 8, "instances": 1, "port": 8000,
+           "served_model_name": "r1-7b", "npus_per_instance": 4, "instances": 1, "port": 8000,
            "health_timeout_s": 120, "params": {"max_num_seqs": 32},
            "allow_unauthenticated": True}
 
