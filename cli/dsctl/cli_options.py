@@ -1,21 +1,21 @@
-"""What the commands share: Typer option types, the application context, vault and --param parsing."""
+"""What the commands share: Typer option types, the application context, vault and --param parsing, and the
+run-a-playbook-verb-then-report sequence of provision, check and deploy."""
 
 from __future__ import annotations
 
-import getpass
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn, Protocol, TypeVar
 
 import typer
 import yaml
 
-from dsctl.adapters import ansible_run
+from dsctl import ui
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.errors import UsageError
 from dsctl.services.context import AppContext
+from dsctl.services.ports import PlaybookRunner, ProgressSink
+from dsctl.ui_progress import playbook_progress
 
 InventoryArg = Annotated[Path, typer.Argument(help="Ansible inventory (YAML); its npu_nodes group is the fleet.")]
 LimitOption = Annotated[str | None, typer.Option("--limit", help="Only these hosts or groups (Ansible pattern).")]
@@ -29,7 +29,20 @@ VaultFileOption = Annotated[Path | None, typer.Option(
                                   "ANSIBLE_VAULT_PASSWORD_FILE works too.")]
 AskVaultOption = Annotated[bool, typer.Option("--ask-vault-pass", help="Prompt once for the Ansible Vault password.")]
 
-VAULT_FILE_NAME = "vault-pass"
+Inputs = TypeVar("Inputs")
+Result = TypeVar("Result", bound="VerbResult")
+
+
+class VerbResult(Protocol):
+    """What a playbook verb returns, as far as reporting it goes."""
+
+    @property
+    def exit_status(self) -> int: ...
+
+    @property
+    def errors(self) -> Sequence[str]: ...
+
+    def to_dict(self) -> Mapping[str, Any]: ...
 
 
 def app_context(ctx: typer.Context) -> AppContext:
@@ -40,36 +53,38 @@ def app_context(ctx: typer.Context) -> AppContext:
     return root.obj
 
 
-@contextmanager
-def vault_options(password_file: Path | None, ask: bool, playbook: str
-                  ) -> Iterator[tuple[VaultOptions | None, Path | None]]:
-    """(how Ansible gets the vault password, the run's artifacts directory or None for a new one).
+def vault_options(password_file: Path | None, ask: bool) -> VaultOptions | None:
+    """How Ansible gets the vault password, from ``--vault-password-file`` / ``--ask-vault-pass``.
 
-    ``--ask-vault-pass`` prompts once here (ansible-playbook has no terminal): the password goes to a 0600 file in
-    the run's own 0700 artifacts directory for ansible-inventory and ansible-playbook, and is deleted afterwards.
+    Nothing is asked here: with ``--ask-vault-pass`` the adapters prompt once, on first use, keep the password in
+    the returned object for the rest of the command, and hand it to ansible-playbook as a 0600 file inside the
+    run's artifacts directory that is removed after the run (`ansible_run.write_vault_password`).
     """
     if password_file is not None and ask:
         raise UsageError("--ask-vault-pass: give it or --vault-password-file, not both")
-    if password_file is not None:
-        if not password_file.is_file():
-            raise UsageError(f"--vault-password-file: {password_file} is not a file")
-        yield VaultOptions(password_file=password_file.absolute()), None
-        return
-    if not ask:
-        yield None, None
-        return
-    password = getpass.getpass("Vault password: ")
-    if not password:
-        raise UsageError("--ask-vault-pass: the password is empty")
-    artifacts = ansible_run.new_artifacts_dir(playbook)
-    secret = artifacts / VAULT_FILE_NAME
-    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            stream.write(password + "\n")
-        yield VaultOptions(password_file=secret), artifacts
-    finally:
-        secret.unlink(missing_ok=True)
+    if password_file is not None and not password_file.is_file():
+        raise UsageError(f"--vault-password-file: {password_file} is not a file")
+    if password_file is None and not ask:
+        return None
+    return VaultOptions(password_file=password_file.absolute() if password_file is not None else None, ask=ask)
+
+
+def run_playbook_verb(ctx: typer.Context, verb: Callable[[PlaybookRunner, Inputs, ProgressSink], Result],
+                      inputs: Inputs, *, verbose: bool) -> Result:
+    """Run ``verb`` with the context's runner, its playbook's progress on stderr (per host and stage, or every
+    task with ``--verbose``)."""
+    with playbook_progress(verbose=verbose) as progress:
+        return verb(app_context(ctx).runner, inputs, progress)
+
+
+def report(command: str, result: VerbResult, *, as_json: bool, render: Callable[[], None]) -> NoReturn:
+    """One --json envelope or ``render()``'s tables, then exit with the verb's status."""
+    code = int(result.exit_status)
+    if as_json:
+        ui.emit_json([command], result.to_dict(), exit_code=code, errors=result.errors)
+    else:
+        render()
+    raise typer.Exit(code)
 
 
 def _param_value(text: str) -> Any:

@@ -12,10 +12,13 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 try:
+    from dsctl.adapters.ansible_values import plain
     from dsctl.core.fleet import inventory_schema
     from dsctl.core.serving import gateway
     from dsctl.errors import DsctlError
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
+    # This guard stays in each plugin (dsctl_filters.py has its own): it reports the dsctl package missing, so it
+    # cannot live in that package, and a plugin cannot import another plugin (see dsctl.adapters.ansible_values).
     IMPORT_ERROR: str | None = str(missing)
 else:
     IMPORT_ERROR = None
@@ -29,24 +32,8 @@ def _require_core() -> None:
                                  "run ansible-playbook from dsctl's virtualenv")
 
 
-def _plain(value):
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    return value
-
-
 def _dsctl_vars(host_vars: Mapping) -> dict:
-    return {str(key): _plain(host_vars[key]) for key in list(host_vars.keys()) if str(key).startswith("dsctl_")}
+    return {str(key): plain(host_vars[key]) for key in list(host_vars.keys()) if str(key).startswith("dsctl_")}
 
 
 def _targets(groups, hostvars) -> list:
@@ -79,8 +66,8 @@ def gateway_plan(name, groups, hostvars, drained_state="", drain=None, undrain=N
         target = next((t for t in _targets(groups, hostvars) if t.name == str(name)), None)
         if target is None:
             raise AnsibleFilterError(f"{name} is not a gateway of this inventory")
-        drain_ids = gateway.member_ids(_plain(drain), gateway.DRAIN_VAR)
-        undrain_ids = gateway.member_ids(_plain(undrain), gateway.UNDRAIN_VAR)
+        drain_ids = gateway.member_ids(plain(drain), gateway.DRAIN_VAR)
+        undrain_ids = gateway.member_ids(plain(undrain), gateway.UNDRAIN_VAR)
         before = [line.strip() for line in str(drained_state or "").splitlines() if line.strip()]
         plan = gateway.plan_gateway(target, _fleet(groups, hostvars), drained=before, drain=drain_ids,
                                     undrain=undrain_ids)

@@ -22,6 +22,8 @@ open(os.environ["FAKE_ARGV"] + ".pid", "w").write(str(os.getpid()))
 if "--vault-password-file" in sys.argv:  # what the password file held while the playbook ran
     vault = sys.argv[sys.argv.index("--vault-password-file") + 1]
     open(os.environ["FAKE_ARGV"] + ".vault", "w").write(open(vault).read())
+    open(os.environ["FAKE_ARGV"] + ".vault-mode", "w").write(oct(os.stat(vault).st_mode & 0o777))
+open(os.environ["FAKE_ARGV"] + ".env", "w").write(json.dumps(dict(os.environ)))
 print(spec.get("log", "PLAY [fake]"), flush=True)
 with open(os.environ["DSCTL_EVENTS_FILE"], "a") as events:
     for event in spec["events"]:
@@ -53,4 +55,6 @@ def fake_ansible(tmp_path, monkeypatch):
 
     configure.argv = lambda: json.loads((tmp_path / "argv.json").read_text())
     configure.vault_seen = lambda: (tmp_path / "argv.json.vault").read_text()
+    configure.vault_mode_seen = lambda: int((tmp_path / "argv.json.vault-mode").read_text(), 8)
+    configure.env_seen = lambda: json.loads((tmp_path / "argv.json.env").read_text())
     return configure

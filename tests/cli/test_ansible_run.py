@@ -386,3 +386,23 @@ def test_plugin_documentation_is_valid_yaml():
     doc = yaml.safe_load(load_plugin().DOCUMENTATION)
     assert doc["name"] == "dsctl_events" and doc["type"] == "aggregate"
     assert doc["options"]["events_file"]["env"] == [{"name": "DSCTL_EVENTS_FILE"}]
+
+
+def test_the_prompted_vault_password_goes_to_a_new_0600_file_never_through_a_planted_link(tmp_path, monkeypatch):
+    from dsctl.adapters.inventory import VaultOptions
+
+    prompts = []
+    monkeypatch.setattr("getpass.getpass", lambda prompt: prompts.append(prompt) or "typed secret")
+    artifacts = tmp_path / "run"
+    artifacts.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("untouched\n")
+    (artifacts / ansible_run.VAULT_PASSWORD_FILE).symlink_to(elsewhere)  # e.g. left by someone with access
+    vault = VaultOptions(ask=True)
+    path = ansible_run.write_vault_password(artifacts, vault)
+    assert path == artifacts / ansible_run.VAULT_PASSWORD_FILE and not path.is_symlink()
+    assert path.read_text() == "typed secret\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert elsewhere.read_text() == "untouched\n"
+    assert ansible_run.write_vault_password(artifacts, vault) == path and prompts == ["Vault password: "]
+    assert ansible_run.write_vault_password(artifacts, None) is None
+    assert ansible_run.write_vault_password(artifacts, VaultOptions(password_file=elsewhere)) is None

@@ -179,9 +179,26 @@ def test_ask_vault_pass_prompts_once_and_leaves_no_password_behind(fake_ansible,
     assert password_file.parent == Path(envelope["data"]["artifacts"])  # inside the run's own 0700 directory
     assert stat.S_IMODE(password_file.parent.stat().st_mode) == 0o700
     assert fake_ansible.vault_seen() == "s3cr3t vault pass\n"
+    assert fake_ansible.vault_mode_seen() == 0o600  # while ansible-playbook ran
     assert not password_file.exists()
     assert all(b"s3cr3t" not in item.read_bytes() for item in password_file.parent.rglob("*") if item.is_file())
+    assert not any("s3cr3t" in item for item in argv)
+    assert not any("s3cr3t" in value for value in fake_ansible.env_seen().values())
+    assert "s3cr3t" not in json.dumps(envelope)
     assert main(["provision", str(SAMPLE), "--ask-vault-pass", "--vault-password-file", str(SAMPLE)]) == 2
+    assert capsys.readouterr().err.endswith("dsctl: error: --ask-vault-pass: give it or --vault-password-file, "
+                                            "not both\n")
+    assert prompts == ["Vault password: "]  # refused before any prompt
+
+
+def test_ask_vault_pass_with_nothing_typed_is_refused_before_any_run(fake_ansible, monkeypatch, capsys):
+    fake_ansible(0, [stats(**{h: {"ok": 1} for h in HOSTS})])
+    monkeypatch.setattr("getpass.getpass", lambda prompt: "")
+    assert main(["deploy", str(SAMPLE), "--ask-vault-pass"]) == ExitStatus.USAGE
+    assert capsys.readouterr().err.endswith("dsctl: error: --ask-vault-pass: no password entered; type the vault "
+                                            "password at the prompt or use --vault-password-file FILE\n")
+    with pytest.raises(FileNotFoundError):
+        fake_ansible.argv()  # ansible-playbook never started
 
 
 def test_the_context_on_ctx_obj_is_what_commands_use(fake_ansible, capsys):

@@ -39,6 +39,7 @@ INTERRUPT_GRACE_SECONDS = 30.0
 # ssh's ControlPath is <dir>/<40-char %C hash> plus a 17-char temporary suffix; sun_path holds 107 bytes.
 MAX_CONTROL_DIR_LEN = 45
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+VAULT_PASSWORD_FILE = "vault-password"  # in the run's artifacts directory, only while ansible-playbook runs
 # ansible-playbook's own exit codes (ansible.errors.ExitCode).
 RC_HOST_FAILED, RC_UNREACHABLE_OR_PARSER, RC_INVALID_OPTION, RC_INTERRUPTED = 2, 4, 5, 99
 
@@ -361,15 +362,21 @@ class _EventTail:
 
 
 def write_vault_password(artifacts: Path, vault: VaultOptions | None) -> Path | None:
-    """With ``--ask-vault-pass``: the password the prompt got, in a 0600 file of the run (removed after it);
-    ansible-playbook runs without a terminal, so it cannot prompt itself."""
+    """With ``--ask-vault-pass``: the password the prompt got (asked here if nothing asked it yet), in a new 0600
+    file of the run's 0700 artifacts directory, which `run_playbook` removes after the run; ansible-playbook runs
+    without a terminal, so it cannot prompt itself.  Ansible strips the trailing newline when it reads the file."""
     password = vault.prompted_password() if vault is not None else None
     if password is None:
         return None
-    path = artifacts / "vault-password"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as stream:
-        stream.write(password)
+    path = artifacts / VAULT_PASSWORD_FILE
+    path.unlink(missing_ok=True)  # a leftover of a killed run; O_EXCL below never writes through a planted link
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(password + "\n")
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -463,13 +470,6 @@ def run_playbook(
     os.close(os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     control_dir, control_is_temp = control_path_dir(artifacts)
     extra_vars_file = write_extra_vars(artifacts, extra_vars) if extra_vars else None
-    prompted_file = write_vault_password(artifacts, vault)
-    password_files = [p for p in (vault.password_file if vault else None, prompted_file) if p is not None]
-    argv = build_command(playbook_path, inventory, limit=limit, check=check, diff=diff, tags=tags, forks=forks,
-                         extra_vars_file=extra_vars_file,
-                         vault_password_files=[Path(p).expanduser().absolute() for p in password_files])
-    env = build_env(artifacts, control_dir)
-
     collector = EventCollector()
     tail = _EventTail(events_path)
 
@@ -479,9 +479,16 @@ def run_playbook(
             if on_event is not None:
                 on_event(event)
 
-    started = time.monotonic()
     timed_out = False
+    prompted_file = None
     try:
+        prompted_file = write_vault_password(artifacts, vault)
+        password_files = [p for p in (vault.password_file if vault else None, prompted_file) if p is not None]
+        argv = build_command(playbook_path, inventory, limit=limit, check=check, diff=diff, tags=tags, forks=forks,
+                             extra_vars_file=extra_vars_file,
+                             vault_password_files=[Path(p).expanduser().absolute() for p in password_files])
+        env = build_env(artifacts, control_dir)
+        started = time.monotonic()  # after the prompt, if write_vault_password had to ask: --timeout is the run's
         with (artifacts / "ansible.log").open("wb") as log:
             # Own session: a terminal Ctrl-C reaches dsctl only, which forwards one SIGINT; no tty for prompts.
             proc = subprocess.Popen(argv, cwd=artifacts, env=env, stdin=subprocess.DEVNULL, stdout=log,

@@ -12,12 +12,12 @@ from dsctl.cli_options import (
     LimitOption,
     VaultFileOption,
     VerboseOption,
-    app_context,
+    report,
+    run_playbook_verb,
     vault_options,
 )
-from dsctl.services.check import PLAYBOOK, CheckInputs, CheckResult, check
+from dsctl.services.check import CheckInputs, CheckResult, check
 from dsctl.services.runs import versions_summary
-from dsctl.ui_progress import playbook_progress
 
 COLUMNS = ["host", "status", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "NPUs", "health", "HBM MB"]
 
@@ -32,17 +32,9 @@ def run(
     as_json: JsonOption = False,
 ) -> None:
     """Read-only audit of every host: versions, NPUs, pending reboot, env drift, incompatibilities with fixes."""
-    runner = app_context(ctx).runner
-    with vault_options(vault_password_file, ask_vault_pass, PLAYBOOK) as (vault, artifacts):
-        inputs = CheckInputs(inventory=inventory, limit=limit, vault=vault, artifacts_dir=artifacts)
-        with playbook_progress(verbose=verbose) as progress:
-            result = check(runner, inputs, progress)
-    code = int(result.exit_status)
-    if as_json:
-        ui.emit_json(["check"], result.to_dict(), exit_code=code, errors=result.errors)
-        raise typer.Exit(code)
-    _render(result)
-    raise typer.Exit(code)
+    inputs = CheckInputs(inventory=inventory, limit=limit, vault=vault_options(vault_password_file, ask_vault_pass))
+    result = run_playbook_verb(ctx, check, inputs, verbose=verbose)
+    report("check", result, as_json=as_json, render=lambda: _render(result))
 
 
 def _render(result: CheckResult) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,12 +17,12 @@ from dsctl.cli_options import (
     LimitOption,
     VaultFileOption,
     VerboseOption,
-    app_context,
     parse_params,
+    report,
+    run_playbook_verb,
     vault_options,
 )
-from dsctl.services.deploy import PLAYBOOK, DeployInputs, RenderResult, deploy, render
-from dsctl.ui_progress import playbook_progress
+from dsctl.services.deploy import DeployInputs, DeployResult, RenderResult, deploy, render
 
 COLUMNS = ["host", "instance", "engine", "NPUs", "port", "status", "endpoint"]
 
@@ -48,25 +49,20 @@ def run(
     as_json: JsonOption = False,
 ) -> None:
     """Render and (re)start the inference instances of dsctl_services, health-gated, rolling back on failure."""
-    runner = app_context(ctx).runner
-    overrides = parse_params(param)
-    with vault_options(vault_password_file, ask_vault_pass, PLAYBOOK) as (vault, artifacts):
-        inputs = DeployInputs(inventory=inventory, limit=limit, check=check, diff=diff, serial=serial,
-                              instances=tuple(instance) if instance else None, overrides=overrides,
-                              restart=restart, vault=vault, artifacts_dir=artifacts)
-        if render_only:
-            _print_render(render(inputs), as_json)
-            return
-        with playbook_progress(verbose=verbose) as progress:
-            result = deploy(runner, inputs, progress)
-    code = int(result.exit_status)
-    if as_json:
-        ui.emit_json(["deploy"], result.to_dict(), exit_code=code, errors=result.errors)
-        raise typer.Exit(code)
+    inputs = DeployInputs(inventory=inventory, limit=limit, check=check, diff=diff, serial=serial,
+                          instances=tuple(instance) if instance else None, overrides=parse_params(param),
+                          restart=restart, vault=vault_options(vault_password_file, ask_vault_pass))
+    if render_only:
+        _print_render(render(inputs), as_json)
+        return
+    result = run_playbook_verb(ctx, deploy, inputs, verbose=verbose)
+    report("deploy", result, as_json=as_json, render=lambda: _render(result, inventory, check))
+
+
+def _render(result: DeployResult, inventory: Path, check: bool) -> None:
     ui.print_table(f"dsctl deploy{' --check' if check else ''}: {len(result.instances)} instances", COLUMNS,
                    [[r.host, r.instance, r.engine, r.npus, r.port, r.status, r.endpoint] for r in result.instances])
     ui.print_run_tail(result.errors, rerun=result.rerun, command="deploy", inventory=inventory, log=result.run.log)
-    raise typer.Exit(code)
 
 
 def _print_render(result: RenderResult, as_json: bool) -> None:

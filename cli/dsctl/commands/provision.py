@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,11 +17,11 @@ from dsctl.cli_options import (
     LimitOption,
     VaultFileOption,
     VerboseOption,
-    app_context,
+    report,
+    run_playbook_verb,
     vault_options,
 )
-from dsctl.services.provision import PLAYBOOK, ProvisionInputs, provision
-from dsctl.ui_progress import playbook_progress
+from dsctl.services.provision import ProvisionInputs, ProvisionResult, provision
 
 COLUMNS = ["host", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "changed", "status"]
 
@@ -39,18 +40,14 @@ def run(
     as_json: JsonOption = False,
 ) -> None:
     """Install driver, firmware, CANN, the NPU environment and the serving stack; validate every host."""
-    runner = app_context(ctx).runner
-    with vault_options(vault_password_file, ask_vault_pass, PLAYBOOK) as (vault, artifacts):
-        inputs = ProvisionInputs(inventory=inventory, limit=limit, check=check, diff=diff, tags=tags, forks=forks,
-                                 vault=vault, artifacts_dir=artifacts)
-        with playbook_progress(verbose=verbose) as progress:
-            result = provision(runner, inputs, progress)
-    code = int(result.exit_status)
-    if as_json:
-        ui.emit_json(["provision"], result.to_dict(), exit_code=code, errors=result.errors)
-        raise typer.Exit(code)
+    inputs = ProvisionInputs(inventory=inventory, limit=limit, check=check, diff=diff, tags=tags, forks=forks,
+                             vault=vault_options(vault_password_file, ask_vault_pass))
+    result = run_playbook_verb(ctx, provision, inputs, verbose=verbose)
+    report("provision", result, as_json=as_json, render=lambda: _render(result, inventory, check))
+
+
+def _render(result: ProvisionResult, inventory: Path, check: bool) -> None:
     ui.print_table(f"dsctl provision{' --check' if check else ''}: {len(result.hosts)} hosts", COLUMNS,
                    [[h.host, h.driver, h.firmware, h.cann, h.torch_npu, h.vllm_ascend, h.changed, h.status]
                     for h in result.hosts])
     ui.print_run_tail(result.errors, rerun=result.rerun, command="provision", inventory=inventory, log=result.run.log)
-    raise typer.Exit(code)
