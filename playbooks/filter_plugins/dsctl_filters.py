@@ -61,15 +61,21 @@ def _plan_entry(host_vars: Mapping) -> dict | None:
     """This host's entry of the dsctl_plan extra var (the verbs compute it once), None without one."""
     if "dsctl_plan" not in host_vars:
         return None
-    return host_plan.entry(_plain(host_vars["dsctl_plan"]), str(host_vars.get("inventory_hostname", "host")))
+    plan = host_vars["dsctl_plan"]
+    if not isinstance(plan, Mapping) or not isinstance(plan.get("hosts"), Mapping):
+        return None
+    # Only this host's entry is made plain: the plan of a large fleet is not copied at every reference.
+    name = str(host_vars.get("inventory_hostname", "host"))
+    return host_plan.entry({"version": plan.get("version"), "hosts": {name: _plain(plan["hosts"].get(name))}}, name)
 
 
 def fleet_problems(host_names, hostvars) -> list[str]:
     """Every host's settings and desired stack, checked before any host changes; [] when all is well."""
     _require_core()
     names = [str(name) for name in host_names]
-    if names and "dsctl_plan" in hostvars[names[0]] and host_plan.covers_exactly(
-            _plain(hostvars[names[0]]["dsctl_plan"]), names):
+    plan = hostvars[names[0]].get("dsctl_plan") if names and "dsctl_plan" in hostvars[names[0]] else None
+    if isinstance(plan, Mapping) and host_plan.covers_exactly(
+            {"version": plan.get("version"), "fleet": _plain(plan.get("fleet"))}, names):
         return []  # dsctl validated exactly these hosts before the play and handed their plan in
     fleet = {name: _plain(_dsctl_vars(hostvars[name])) for name in names}
     try:
@@ -213,7 +219,7 @@ def service_instances(host_vars, overrides=None, only=None) -> list[dict]:
     chosen = set(_plain(only)) if only else None
     planned = _plan_entry(host_vars)
     if (planned is not None and planned.get("instances") is not None
-            and _plain(host_vars["dsctl_plan"]).get("overrides") == overrides):
+            and _plain(host_vars["dsctl_plan"].get("overrides")) == overrides):
         return [item for item in planned["instances"] if chosen is None or item["name"] in chosen]
     name = str(host_vars.get("inventory_hostname", "host"))
     try:

@@ -8,6 +8,9 @@ import copy
 import functools
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,32 @@ def test_a_plan_for_other_hosts_or_other_overrides_is_not_used(lab):
     # a plan of another version is ignored
     assert FILTERS.host_settings(as_play_sees(lab, host, {**plan, "version": 99})) == FILTERS.host_settings(
         as_play_sees(lab, host))
+
+
+def test_the_plan_reaches_a_real_play_verbatim_through_the_extra_vars_file(lab, tmp_path):
+    """ansible-playbook templates extra-vars strings: the plan marks those holding Jinja delimiters unsafe, so a
+    container's `{{.State.Running}}` check (and any rendered file) arrives as computed. Local connection only."""
+    services = [*lab[sorted(lab)[0]]["dsctl_services"],
+                {"name": "boxed", "engine": "vllm-ascend", "model": "/models/m", "npus_per_instance": 4,
+                 "instances": 1, "port": 9000, "manager": "container", "image": "example/vllm-ascend:v0.13.0",
+                 "params": {"max_num_seqs": 8}, "allow_unauthenticated": True}]
+    hostvars = {"localhost": {**lab[sorted(lab)[0]], "dsctl_npu_count": 16, "dsctl_services": services}}
+    plan = host_plan.plan_fleet(hostvars)
+    expected = plan["hosts"]["localhost"]["instances"]
+    assert "{{.State.Running}}" in expected[-1]["process_check"][3]
+    extra = tmp_path / "extra_vars.json"
+    extra.write_text(json.dumps({host_plan.PLAN_VAR: host_plan.as_extra_var(plan)}))
+    out = tmp_path / "instances.json"
+    (tmp_path / "play.yml").write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.copy:\n"
+        f"        dest: {out}\n"
+        "        content: \"{{ hostvars[inventory_hostname] | dsctl_service_instances | to_json }}\"\n"
+        "        mode: '0600'\n")
+    env = {**os.environ, "ANSIBLE_FILTER_PLUGINS": str(REPO / "playbooks" / "filter_plugins")}
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           str(tmp_path / "play.yml"), "-e", f"@{extra}",
+                           "-e", f"ansible_python_interpreter={sys.executable}"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # localhost has no dsctl_* settings: only the plan can have answered, and it arrived unchanged
+    assert json.loads(out.read_text()) == expected

@@ -28,7 +28,8 @@ class Fleet:
     def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
              only: Collection[str] | None = None) -> dict[str, Any]:
         """The dsctl_plan extra var of these hosts (host_plan.plan_fleet over the settings validated here)."""
-        return host_plan.plan_fleet(self.hostvars, validated=self.settings, overrides=overrides, only=only)
+        return host_plan.as_extra_var(
+            host_plan.plan_fleet(self.hostvars, validated=self.settings, overrides=overrides, only=only))
 
 
 def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str | None = None) -> Fleet:

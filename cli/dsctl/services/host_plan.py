@@ -129,6 +129,23 @@ def plan_fleet(hostvars: Mapping[str, Mapping[str, Any]], *, validated: Mapping[
             "only": list(only) if only is not None else None, "hosts": hosts}
 
 
+# Ansible treats every string of an extra-vars file as a template (ansible-core 2.19 trusts extra vars): a
+# rendered file, a container's `{{.State.Running}}` check or an already templated inventory value would be
+# templated again. Its JSON loader keeps {"__ansible_unsafe": text} as plain, never-templated text.
+JINJA_MARKERS = ("{{", "{%", "{#")
+
+
+def as_extra_var(value: Any) -> Any:
+    """``value`` for an extra-vars JSON file: every string holding Jinja delimiters marked unsafe."""
+    if isinstance(value, Mapping):
+        return {str(key): as_extra_var(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_extra_var(item) for item in value]
+    if isinstance(value, str) and any(marker in value for marker in JINJA_MARKERS):
+        return {"__ansible_unsafe": value}
+    return value
+
+
 def entry(plan: Any, host: str) -> dict[str, Any] | None:
     """The plan's entry for ``host``, or None when there is no plan of this version covering it."""
     if not isinstance(plan, Mapping) or plan.get("version") != PLAN_VERSION:
