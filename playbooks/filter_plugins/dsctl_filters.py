@@ -3,6 +3,11 @@
 The roles never re-implement version ordering, the compatibility matrix, the env schema or the audit:
 they call these filters, which call the same functions `dsctl provision`, `dsctl check` and the unit
 tests use. Each filter raises AnsibleFilterError with dsctl's one-line message on bad input.
+
+The verbs compute each host's settings, desired stack and rendered instances once and hand them in as the
+``dsctl_plan`` extra var (cli/dsctl/services/host_plan.py): for a host it covers, the settings, stack and
+instance filters return its entry instead of validating and rendering again; without one (plain
+``ansible-playbook``, AWX) they compute the same functions here.
 """
 
 from __future__ import annotations
