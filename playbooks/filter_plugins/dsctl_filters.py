@@ -3,6 +3,11 @@
 The roles never re-implement version ordering, the compatibility matrix, the env schema or the audit:
 they call these filters, which call the same functions `dsctl provision`, `dsctl check` and the unit
 tests use. Each filter raises AnsibleFilterError with dsctl's one-line message on bad input.
+
+The verbs compute each host's settings, desired stack and rendered instances once and hand them in as the
+``dsctl_plan`` extra var (cli/dsctl/services/host_plan.py): for a host it covers, the settings, stack and
+instance filters return its entry instead of validating and rendering again; without one (plain
+``ansible-playbook``, AWX) they compute the same functions here.
 """
 
 from __future__ import annotations
@@ -16,17 +21,13 @@ try:
     from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate
-    from dsctl.core.serving import service, service_render
     from dsctl.errors import DsctlError
-    from dsctl.services import deploy_plan
+    from dsctl.services import host_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
     IMPORT_ERROR: str | None = str(missing)
 else:
     IMPORT_ERROR = None
 
-SETTINGS_PREFIX = "dsctl_"
-# Options of one playbook run (dsctl passes them as extra vars, which reach hostvars): not host settings.
-RUN_OPTIONS = frozenset({"dsctl_deploy_serial", "dsctl_deploy_force_restart"})
 CHECKSUM_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(\S+)$")
 
 
@@ -39,9 +40,9 @@ def _require_core() -> None:
 
 
 def _dsctl_vars(host_vars: Mapping) -> dict:
-    # Only dsctl_* keys are read, so unrelated undefined variables are never templated.
-    return {key: host_vars[key] for key in list(host_vars.keys())
-            if str(key).startswith(SETTINGS_PREFIX) and str(key) not in RUN_OPTIONS}
+    # Only dsctl_* keys are read (run options and the plan left out), so unrelated undefined variables are
+    # never templated.
+    return host_plan.settings_vars(host_vars)
 
 
 def _plain(value):
@@ -61,10 +62,27 @@ def _plain(value):
     return value
 
 
+def _plan_entry(host_vars: Mapping) -> dict | None:
+    """This host's entry of the dsctl_plan extra var (the verbs compute it once), None without one."""
+    if "dsctl_plan" not in host_vars:
+        return None
+    plan = host_vars["dsctl_plan"]
+    if not isinstance(plan, Mapping) or not isinstance(plan.get("hosts"), Mapping):
+        return None
+    # Only this host's entry is made plain: the plan of a large fleet is not copied at every reference.
+    name = str(host_vars.get("inventory_hostname", "host"))
+    return host_plan.entry({"version": plan.get("version"), "hosts": {name: _plain(plan["hosts"].get(name))}}, name)
+
+
 def fleet_problems(host_names, hostvars) -> list[str]:
     """Every host's settings and desired stack, checked before any host changes; [] when all is well."""
     _require_core()
-    fleet = {str(name): _plain(_dsctl_vars(hostvars[name])) for name in host_names}
+    names = [str(name) for name in host_names]
+    plan = hostvars[names[0]].get("dsctl_plan") if names and "dsctl_plan" in hostvars[names[0]] else None
+    if isinstance(plan, Mapping) and host_plan.covers_exactly(
+            {"version": plan.get("version"), "fleet": _plain(plan.get("fleet"))}, names):
+        return []  # dsctl validated exactly these hosts before the play and handed their plan in
+    fleet = {name: _plain(_dsctl_vars(hostvars[name])) for name in names}
     try:
         inventory_schema.validate_fleet(fleet)
     except DsctlError as problem:
@@ -75,26 +93,28 @@ def fleet_problems(host_names, hostvars) -> list[str]:
 def desired_stack(host_vars, arch: str) -> dict:
     """This host's DesiredStack with the installer names for its architecture."""
     _require_core()
+    planned = _plan_entry(host_vars)
+    if planned is not None:
+        return host_plan.stack_for_arch(planned["stack"], str(arch))
     name = str(host_vars.get("inventory_hostname", "host"))
     try:
         settings = inventory_schema.validate_fleet({name: _plain(_dsctl_vars(host_vars))})[name]
     except DsctlError as problem:
         raise AnsibleFilterError(str(problem)) from None
-    stack = settings.stack.to_dict()
-    for key in ("driver_run", "firmware_run", "toolkit_run", "kernels_run", "nnal_run"):
-        stack[key] = stack[key].replace("{arch}", str(arch))
-    return stack
+    return host_plan.stack_for_arch(host_plan.stack_template(settings), str(arch))
 
 
 def host_settings(host_vars) -> dict:
     """The validated dsctl_* settings of this host with defaults applied (field names without the prefix)."""
     _require_core()
+    planned = _plan_entry(host_vars)
+    if planned is not None:
+        return planned["settings"]
     name = str(host_vars.get("inventory_hostname", "host"))
     try:
-        settings = inventory_schema.validate_host_vars(name, _plain(_dsctl_vars(host_vars)))
+        return host_plan.host_settings(name, _plain(_dsctl_vars(host_vars)))
     except DsctlError as problem:
         raise AnsibleFilterError(str(problem)) from None
-    return {key.removeprefix(SETTINGS_PREFIX): value for key, value in settings.model_dump(mode="json").items()}
 
 
 def parse_sha256sums(text: str) -> dict:
@@ -193,57 +213,25 @@ def serving_venv_dir_name(pins) -> str:
     return serving_venv_name(_plain(pins or {}))
 
 
-# How each service manager tells whether an instance's process is alive (service_health's process check).
-PROCESS_CHECKS = {
-    "supervisor": (["supervisorctl", "status", "{unit}"], r"RUNNING|STARTING"),
-    "systemd": (["systemctl", "is-active", "{unit}"], r"^(active|activating)"),
-    "container": (["{runtime}", "inspect", "-f", "{{{{.State.Running}}}}", "{unit}"], r"true"),
-}
-
-
 def service_instances(host_vars, overrides=None, only=None) -> list[dict]:
     """Every inference instance of this host with its rendered files, fingerprint and readiness check.
 
     ``overrides`` ({service: {engine parameter: value}}, dsctl_service_overrides) replace engine parameters;
-    ``only`` (instance names, dsctl_deploy_only) keeps just those instances (None or empty: all)."""
+    ``only`` (instance names, dsctl_deploy_only) keeps just those instances (None or empty: all). From the
+    dsctl_plan entry when the plan rendered this host with the same overrides."""
     _require_core()
+    overrides = _plain(overrides or {})
+    chosen = set(_plain(only)) if only else None
+    planned = _plan_entry(host_vars)
+    if (planned is not None and planned.get("instances") is not None
+            and _plain(host_vars["dsctl_plan"].get("overrides")) == overrides):
+        return [item for item in planned["instances"] if chosen is None or item["name"] in chosen]
     name = str(host_vars.get("inventory_hostname", "host"))
     try:
         settings = inventory_schema.validate_fleet({name: _plain(_dsctl_vars(host_vars))})[name]
-        settings = deploy_plan.apply_overrides(settings, _plain(overrides or {}))
+        return host_plan.rendered_instances(settings, overrides, chosen)
     except DsctlError as problem:
         raise AnsibleFilterError(str(problem)) from None
-    services = {spec.name: spec for spec in settings.services}
-    rendered = service_render.render_host(
-        settings.services, npu_count=settings.dsctl_npu_count, env=settings.environment,
-        config_dir=settings.dsctl_service_config_dir, log_dir=settings.dsctl_service_log_dir,
-        install_path=settings.dsctl_install_path)
-    instances = []
-    chosen = set(_plain(only)) if only else None
-    for planned in deploy_plan.chosen(service.plan_host(settings.services, settings.dsctl_npu_count), chosen):
-        spec = services[planned.service]
-        files = rendered[planned.name]
-        command, pattern = PROCESS_CHECKS[spec.manager]
-        runtime = getattr(spec, "container_runtime", "docker") or "docker"
-        instances.append({
-            "name": planned.name, "service": spec.name, "unit": planned.unit, "engine": spec.engine,
-            "manager": spec.manager, "port": planned.port, "npus": list(planned.npus), "bind": spec.bind,
-            "model": spec.served_model_name, "user": spec.user, "group": spec.group,
-            "dir": f"{settings.dsctl_service_config_dir}/{planned.name}",
-            "log_file": f"{settings.dsctl_service_log_dir}/{planned.name}.log",
-            "health_timeout": spec.health_timeout_s,
-            "kind": "mindie" if spec.engine == "mindie" else "openai",
-            "api_key": spec.api_key.get_secret_value() if spec.api_key is not None else None,
-            "process_check": [part.format(unit=planned.unit, runtime=runtime) for part in command],
-            "process_pattern": pattern,
-            "fingerprint": service_render.fingerprint(files),
-            # What the instance runs on besides its files (the role folds their state into the fingerprint).
-            "stack_paths": {"install_path": None if spec.manager == "container" else settings.dsctl_install_path,
-                            "venv": None if spec.manager == "container" else spec.venv},
-            "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
-                       "group": f.group, "secret": f.secret, "role": f.role} for f in files],
-        })
-    return instances
 
 
 class FilterModule:

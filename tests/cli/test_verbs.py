@@ -62,6 +62,11 @@ def test_deploy_hands_the_plan_to_the_play_and_reports_only_the_chosen_instances
          "status": "not reached", "endpoint": "http://192.0.2.12:8001/v1"}]
     argv = fake_ansible.argv()
     extra = json.loads(Path(argv[argv.index("-e") + 1].removeprefix("@")).read_text())
+    plan = extra.pop("dsctl_plan")  # the per-host plan, computed once with the same overrides and choice
+    assert (plan["version"], plan["fleet"], plan["overrides"], plan["only"]) == (
+        1, list(HOSTS), {"chat": {"max_num_seqs": 16}}, ["chat-1"])
+    assert plan["hosts"]["atlas-a01"]["settings"]["npu_count"] == 8
+    assert plan["hosts"]["atlas-a02"]["stack"]["cann"] == "8.5.0"
     assert extra == {"dsctl_deploy_serial": 1, "dsctl_service_overrides": {"chat": {"max_num_seqs": 16}},
                      "dsctl_deploy_only": ["chat-1"], "dsctl_deploy_force_restart": True}
     assert envelope["command"] == ["deploy"] and envelope["data"]["check_mode"] is False
@@ -102,7 +107,11 @@ def test_provision_verb_called_directly_returns_a_frozen_result(fake_ansible):
     assert result.to_dict()["hosts"][0]["driver"] == "25.5.0 (running 24.1.rc3)"
     with pytest.raises(AttributeError):
         result.exit_status = ExitStatus.OK  # type: ignore[misc]
-    assert "--forks" in fake_ansible.argv()
+    argv = fake_ansible.argv()
+    assert "--forks" in argv
+    extra = json.loads(Path(argv[argv.index("-e") + 1].removeprefix("@")).read_text())
+    assert list(extra) == ["dsctl_plan"] and extra["dsctl_plan"]["fleet"] == list(HOSTS)
+    assert extra["dsctl_plan"]["hosts"]["atlas-a01"]["stack"]["cann"] == one.stack["cann"]
 
 
 def test_an_interrupted_deploy_names_the_instance_mid_rollout(fake_ansible):
@@ -162,6 +171,10 @@ def test_vault_password_file_reaches_ansible(fake_ansible, tmp_path, capsys):
     assert main(["check", str(SAMPLE), "--vault-password-file", str(secret), "--json"]) == 3  # no report: error
     argv = fake_ansible.argv()
     assert argv[argv.index("--vault-password-file") + 1] == str(secret)
+    plan = json.loads(Path(argv[argv.index("-e") + 1].removeprefix("@")).read_text())["dsctl_plan"]
+    assert plan["fleet"] == list(HOSTS) and plan["hosts"]["atlas-a01"]["settings"]["npu_count"] == 8
+    # the sample's services hold a vaulted API key: their instances stay out of the file written to disk
+    assert all(entry["instances"] is None for entry in plan["hosts"].values())
     assert main(["check", str(SAMPLE), "--vault-password-file", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.endswith("dsctl: error: --vault-password-file: "
                                             f"{tmp_path / 'nope'} is not a file\n")

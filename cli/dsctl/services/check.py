@@ -9,6 +9,7 @@ from typing import Any
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.errors import ExitStatus
+from dsctl.services import host_plan
 from dsctl.services.fleet import check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import REPORT_FACT, failure_lines
@@ -49,9 +50,10 @@ def exit_status_of(statuses: list[str]) -> ExitStatus:
 
 
 def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = no_progress) -> CheckResult:
-    load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
+    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
     # --check as well: the audit play only reads, and Ansible's check mode makes that a guarantee.
     run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=True, vault=inputs.vault,
+                     extra_vars={host_plan.PLAN_VAR: fleet.plan()},
                      on_event=progress, artifacts_dir=inputs.artifacts_dir)
     rows: list[dict[str, Any]] = []
     for name in sorted(run.hosts):

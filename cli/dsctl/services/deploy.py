@@ -6,6 +6,7 @@ reports per instance (the inference_service_report fact); the result joins the t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.serving import service_render
 from dsctl.errors import DsctlError, ExitStatus
-from dsctl.services import deploy_plan
+from dsctl.services import deploy_plan, host_plan
 from dsctl.services.deploy_plan import DeployPlan, plan_deploy
 from dsctl.services.fleet import check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
@@ -67,6 +68,8 @@ class DeployInputs:
             extra[deploy_plan.ONLY_VAR] = list(plan.only)
         if self.restart:
             extra[deploy_plan.FORCE_RESTART_VAR] = True
+        if plan.host_plans is not None:
+            extra[host_plan.PLAN_VAR] = plan.host_plans
         return extra
 
 
@@ -165,8 +168,9 @@ class RolloutTracker:
 def prepare(inputs: DeployInputs) -> DeployPlan:
     """Read and validate the fleet, then plan: every problem is one line before any host is contacted."""
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
-    return plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings},
+    plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings},
                        overrides=inputs.overrides, instances=inputs.instances)
+    return dataclasses.replace(plan, host_plans=fleet.plan(overrides=inputs.overrides, only=plan.only))
 
 
 def render(inputs: DeployInputs) -> RenderResult:

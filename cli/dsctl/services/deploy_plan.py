@@ -54,6 +54,8 @@ class DeployPlan:
     settings: dict[str, HostSettings]  # with the overrides applied
     instances: tuple[PlannedInstance, ...]  # the chosen ones, in host then NPU order
     only: tuple[str, ...] | None  # instance names handed to the play, None: all
+    # The dsctl_plan extra var (services/host_plan.py) when the verb computed one for the play.
+    host_plans: Mapping[str, Any] | None = None
 
     def of_host(self, host: str) -> list[PlannedInstance]:
         return [planned for planned in self.instances if planned.host == host]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.fleet.inventory_schema import HostSettings
 from dsctl.errors import UsageError
+from dsctl.services import host_plan
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,12 @@ class Fleet:
 
     def address(self, host: str) -> str:
         return str(self.hostvars.get(host, {}).get("ansible_host", host))
+
+    def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
+             only: Collection[str] | None = None) -> dict[str, Any]:
+        """The dsctl_plan extra var of these hosts (host_plan.plan_fleet over the settings validated here)."""
+        return host_plan.as_extra_var(
+            host_plan.plan_fleet(self.hostvars, validated=self.settings, overrides=overrides, only=only))
 
 
 def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str | None = None) -> Fleet:

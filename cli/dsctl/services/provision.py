@@ -9,6 +9,7 @@ from typing import Any
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.errors import ExitStatus
+from dsctl.services import host_plan
 from dsctl.services.fleet import check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import REPORT_FACT, failure_lines, hosts_to_rerun, versions_summary
@@ -67,6 +68,7 @@ def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: Progres
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
     run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=inputs.check, diff=inputs.diff,
                      tags=inputs.tags, forks=inputs.forks, vault=inputs.vault, on_event=progress,
+                     extra_vars={host_plan.PLAN_VAR: fleet.plan()},
                      artifacts_dir=inputs.artifacts_dir)
     hosts = []
     for name in sorted(run.hosts):

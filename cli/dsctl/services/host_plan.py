@@ -1,0 +1,161 @@
+"""One plan per host, computed once on the controller (pure): what the plays would otherwise validate and render
+again through playbooks/filter_plugins/dsctl_filters.py at every lazy reference of a role default.
+
+The verbs hand the plan to the play as the ``dsctl_plan`` extra var; the filters return its entry for a host it
+covers and compute the very same functions below when there is none (plain ``ansible-playbook``, AWX).
+
+Per host the plan holds:
+- ``settings``: the validated dsctl_* settings without the prefix (what ``dsctl_host_settings`` returns);
+- ``stack``: the desired stack with ``{arch}`` left in the installer names. The arch is a fact of the host
+  (``ascend_host.system.arch``), known only once the play has gathered it; substituting it is a string
+  replace, so the filter does that and the plan does not guess an arch or carry one stack per arch;
+- ``instances``: every declared instance rendered with the deploy overrides applied (``dsctl_deploy_only``
+  narrows them in the filter, since the role needs both the chosen and the declared ones). ``None`` when a
+  service of the host holds an API key: the extra-vars file lands in the run directory, and a vaulted key
+  must not be written there in clear, so such a host's instances are rendered by the filter as before.
+Install steps are not planned: they compare the desired stack with live host facts (installed versions), so
+ascend_preflight computes them on the host (``dsctl_install_steps``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from dsctl.core.fleet import inventory_schema
+from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.serving import service, service_render
+from dsctl.services import deploy_plan
+
+PLAN_VAR = "dsctl_plan"
+PLAN_VERSION = 1
+SETTINGS_PREFIX = "dsctl_"
+# Options of one playbook run (dsctl passes them as extra vars, which reach hostvars): not host settings.
+RUN_OPTIONS = frozenset({deploy_plan.SERIAL_VAR, deploy_plan.FORCE_RESTART_VAR, PLAN_VAR})
+ARCH_NAMED = ("driver_run", "firmware_run", "toolkit_run", "kernels_run", "nnal_run")
+
+# How each service manager tells whether an instance's process is alive (service_health's process check).
+PROCESS_CHECKS = {
+    "supervisor": (["supervisorctl", "status", "{unit}"], r"RUNNING|STARTING"),
+    "systemd": (["systemctl", "is-active", "{unit}"], r"^(active|activating)"),
+    "container": (["{runtime}", "inspect", "-f", "{{{{.State.Running}}}}", "{unit}"], r"true"),
+}
+
+
+def settings_vars(host_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """The dsctl_* host settings among a host's variables (run options and the plan itself left out)."""
+    return {str(key): host_vars[key] for key in list(host_vars.keys())
+            if str(key).startswith(SETTINGS_PREFIX) and str(key) not in RUN_OPTIONS}
+
+
+def host_settings(host: str, dsctl_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated settings with defaults applied, field names without the prefix. Raises InventoryError."""
+    settings = inventory_schema.validate_host_vars(host, dsctl_vars)
+    return {key.removeprefix(SETTINGS_PREFIX): value for key, value in settings.model_dump(mode="json").items()}
+
+
+def stack_template(settings: HostSettings) -> dict[str, Any] | None:
+    """The desired stack, installer names still holding ``{arch}`` (lists, as the play reads it back from JSON)."""
+    if settings.stack is None:
+        return None
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in settings.stack.to_dict().items()}
+
+
+def stack_for_arch(stack: Mapping[str, Any] | None, arch: str) -> dict[str, Any] | None:
+    if stack is None:
+        return None
+    resolved = dict(stack)
+    for key in ARCH_NAMED:
+        resolved[key] = str(resolved[key]).replace("{arch}", str(arch))
+    return resolved
+
+
+def rendered_instances(settings: HostSettings, overrides: Mapping[str, Mapping[str, Any]],
+                       only: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Every (or every chosen) instance of the host with its files, fingerprint and readiness check.
+    Raises ServiceError for an override the service schema refuses."""
+    settings = deploy_plan.apply_overrides(settings, overrides)
+    services = {spec.name: spec for spec in settings.services}
+    rendered = service_render.render_host(
+        settings.services, npu_count=settings.dsctl_npu_count, env=settings.environment,
+        config_dir=settings.dsctl_service_config_dir, log_dir=settings.dsctl_service_log_dir,
+        install_path=settings.dsctl_install_path)
+    instances = []
+    for planned in deploy_plan.chosen(service.plan_host(settings.services, settings.dsctl_npu_count), only):
+        spec = services[planned.service]
+        files = rendered[planned.name]
+        command, pattern = PROCESS_CHECKS[spec.manager]
+        runtime = getattr(spec, "container_runtime", "docker") or "docker"
+        instances.append({
+            "name": planned.name, "service": spec.name, "unit": planned.unit, "engine": spec.engine,
+            "manager": spec.manager, "port": planned.port, "npus": list(planned.npus), "bind": spec.bind,
+            "model": spec.served_model_name, "user": spec.user, "group": spec.group,
+            "dir": f"{settings.dsctl_service_config_dir}/{planned.name}",
+            "log_file": f"{settings.dsctl_service_log_dir}/{planned.name}.log",
+            "health_timeout": spec.health_timeout_s,
+            "kind": "mindie" if spec.engine == "mindie" else "openai",
+            "api_key": spec.api_key.get_secret_value() if spec.api_key is not None else None,
+            "process_check": [part.format(unit=planned.unit, runtime=runtime) for part in command],
+            "process_pattern": pattern,
+            "fingerprint": service_render.fingerprint(files),
+            # What the instance runs on besides its files (the role folds their state into the fingerprint).
+            "stack_paths": {"install_path": None if spec.manager == "container" else settings.dsctl_install_path,
+                            "venv": None if spec.manager == "container" else spec.venv},
+            "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
+                       "group": f.group, "secret": f.secret, "role": f.role} for f in files],
+        })
+    return instances
+
+
+def _holds_secret(instances: list[dict[str, Any]]) -> bool:
+    return any(item["api_key"] is not None or any(f["secret"] for f in item["files"]) for item in instances)
+
+
+def plan_fleet(hostvars: Mapping[str, Mapping[str, Any]], *, validated: Mapping[str, HostSettings] | None = None,
+               overrides: Mapping[str, Mapping[str, Any]] | None = None,
+               only: Collection[str] | None = None) -> dict[str, Any]:
+    """The ``dsctl_plan`` extra var for these hosts (JSON-serialisable). ``validated``: validate_fleet's result
+    when the verb has it already (else validated here; InventoryError on bad input)."""
+    overrides = {str(name): dict(params) for name, params in (overrides or {}).items()}
+    settings = dict(validated) if validated is not None else inventory_schema.validate_fleet(hostvars)
+    hosts: dict[str, Any] = {}
+    for host in hostvars:
+        instances: list[dict[str, Any]] | None = rendered_instances(settings[host], overrides)
+        if _holds_secret(instances):
+            instances = None
+        hosts[str(host)] = {"settings": host_settings(str(host), settings_vars(hostvars[host])),
+                            "stack": stack_template(settings[host]), "instances": instances}
+    return {"version": PLAN_VERSION, "fleet": sorted(hosts), "overrides": overrides,
+            "only": list(only) if only is not None else None, "hosts": hosts}
+
+
+# Ansible treats every string of an extra-vars file as a template (ansible-core 2.19 trusts extra vars): a
+# rendered file, a container's `{{.State.Running}}` check or an already templated inventory value would be
+# templated again. Its JSON loader keeps {"__ansible_unsafe": text} as plain, never-templated text.
+JINJA_MARKERS = ("{{", "{%", "{#")
+
+
+def as_extra_var(value: Any) -> Any:
+    """``value`` for an extra-vars JSON file: every string holding Jinja delimiters marked unsafe."""
+    if isinstance(value, Mapping):
+        return {str(key): as_extra_var(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_extra_var(item) for item in value]
+    if isinstance(value, str) and any(marker in value for marker in JINJA_MARKERS):
+        return {"__ansible_unsafe": value}
+    return value
+
+
+def entry(plan: Any, host: str) -> dict[str, Any] | None:
+    """The plan's entry for ``host``, or None when there is no plan of this version covering it."""
+    if not isinstance(plan, Mapping) or plan.get("version") != PLAN_VERSION:
+        return None
+    hosts = plan.get("hosts")
+    found = hosts.get(host) if isinstance(hosts, Mapping) else None
+    return found if isinstance(found, Mapping) else None
+
+
+def covers_exactly(plan: Any, host_names: Collection[str]) -> bool:
+    """True when the plan was computed for exactly these hosts (then the fleet check already passed)."""
+    return (isinstance(plan, Mapping) and plan.get("version") == PLAN_VERSION
+            and sorted(str(name) for name in host_names) == list(plan.get("fleet") or []))
