@@ -120,7 +120,7 @@ def run(
         objective=objective, budget=budget, slots=slots, seed=seed, prompt_tokens=prompt_tokens,
         output_tokens=output_tokens, requests=requests, rate=rate, params=tuple(param or ()),
         npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None)
-    tune_verb.resolve(inputs)  # every bad option refused before a run directory is made
+    tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
     run_dir = resume if resume is not None else new_artifacts_dir("tune")
     result = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}), progress=_progress)
     code = int(result.exit_status)

@@ -240,7 +240,8 @@ def _status(record: TrialRecord) -> str:
     return "feasible" if record.feasible else (record.failure or "running")
 
 
-def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResult:
+def prepare(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:
+    """`resolve`, then refuse an SLO no configuration can meet (DsctlError, exit 6, with the bound); no I/O."""
     slos, space, workload = resolve(inputs)
     shortest_prompt, shortest_output = _shortest(workload.prompt_len), _shortest(workload.output_len)
     reason = screens.impossible(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
@@ -249,6 +250,12 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
         raise DsctlError(f"no configuration of {inputs.model} on {inputs.npus_per_instance} x {inputs.chip} can "
                          f"meet {', '.join(s.label for s in slos)} for {shortest_prompt}-token prompts: {reason}",
                          ExitStatus.SLO_NOT_MET)
+    return slos, space, workload
+
+
+def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResult:
+    slos, space, workload = prepare(inputs)
+    shortest_prompt, shortest_output = _shortest(workload.prompt_len), _shortest(workload.output_len)
     run_dir = inputs.run_dir
     journal = run_dir / JOURNAL
     if inputs.resume and not journal.is_file():
