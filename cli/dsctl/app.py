@@ -14,7 +14,7 @@ import typer
 from typer._click import exceptions as click_errors
 
 from dsctl import __version__
-from dsctl.commands import check, deploy, engine, estimate, lab, matrix, probe, provision
+from dsctl.commands import check, deploy, engine, estimate, lab, matrix, probe, provision, tune
 from dsctl.errors import DsctlError, ExitStatus
 from dsctl.services.context import AppContext
 
@@ -32,6 +32,7 @@ app.command(name="check")(check.run)
 app.command(name="deploy")(deploy.run)
 app.command(name="probe")(probe.run)
 app.command(name="estimate")(estimate.show)
+app.command(name="tune")(tune.run)
 
 
 def _print_version(value: bool) -> None:

@@ -215,18 +215,19 @@ def test_screening_is_counted_and_never_evaluated():
 
 
 def test_invalid_configurations_are_told_not_started():
-    space = resolve_space("fixed-batch", overrides=["kv_sparse_threshold=0"])
+    # an absolute prefill batch (not a ratio) can exceed maxBatchSize: such candidates are told, never started
+    space = resolve_space("mindie", overrides=["maxPrefillBatchSize=10:400", "maxBatchSize=10:200"])
     started = []
 
-    def fixed_batch(candidate):
+    def mindie(candidate):
         started.append(candidate.params)
-        batch = candidate.params["max_num_seqs"]
-        return Outcome(metrics=metrics(40 + 6 * batch / candidate.params["stream_num"], math.sqrt(batch)))
+        batch = candidate.params["maxBatchSize"]
+        return Outcome(metrics=metrics(40 + 6 * batch / candidate.params["maxPrefillBatchSize"], math.sqrt(batch)))
 
-    result = Search(space, SLOS, fixed_batch, SearchSettings(budget=10, seed=3)).run()
-    assert all(p["max_num_seqs"] % p["stream_num"] == 0 for p in started)
+    result = Search(space, SLOS, mindie, SearchSettings(budget=10, seed=3)).run()
+    assert all(p["maxPrefillBatchSize"] <= p["maxBatchSize"] for p in started)
     invalid = [t for t in result.trials if t.failure == Failure.INVALID]
-    assert invalid and all("does not divide" in t.detail for t in invalid)
+    assert invalid and all("maxPrefillBatchSize" in t.detail for t in invalid)
     assert result.counts["evaluated"] == 10
 
 

@@ -35,7 +35,7 @@ def test_field_guide_space_and_lossy_knobs():
     assert space.names == ("batch_size", "stream_num", "kv_sparse_threshold")
     assert space.lossy == ("kv_sparse_threshold",)
     assert space.params({"batch_size": 8, "stream_num": 4, "kv_sparse_threshold": 0.15}) == \
-        {"max_num_seqs": 8, "stream_num": 4, "kv_sparse_threshold": 0.15}
+        {"batch_size": 8, "stream_num": 4, "max_num_seqs": 32, "kv_sparse_threshold": 0.15}
     added = resolve_space("lab-continuous", overrides=["quantization=ascend"])
     assert added.knob("quantization").lossy  # lossy by its registry name, whichever space it joins
 
@@ -84,11 +84,13 @@ def test_tp_times_dp_equals_the_instance_npus():
         resolve_space("vllm-ascend", npus_per_instance=8, overrides=["tensor_parallel_size=3"])
 
 
-def test_stream_num_divides_batch_and_prefill_batch_at_most_batch():
+def test_every_fixed_batch_candidate_is_valid_and_prefill_batch_at_most_batch():
     fixed = resolve_space("fixed-batch")
-    assert fixed.violations({"batch_size": 8, "stream_num": 4, "kv_sparse_threshold": 0.0}) == []
-    assert fixed.violations({"batch_size": 6, "stream_num": 4, "kv_sparse_threshold": 0.0}) == \
-        ["stream_num 4 does not divide batch_size 6: each stream runs batch_size / stream_num requests"]
+    for batch in (1, 6, 64):  # batch_size is per stream: any batch with any stream count is a valid candidate
+        for streams in (1, 3, 8):
+            config = {"batch_size": batch, "stream_num": streams, "kv_sparse_threshold": 0.0}
+            assert fixed.violations(config) == []
+            assert fixed.params(config)["max_num_seqs"] == batch * streams
     mindie = resolve_space("mindie")
     config = {"maxBatchSize": 200, "maxPrefillBatchSize": 0.25}
     assert mindie.params(config)["maxPrefillBatchSize"] == 50 and mindie.violations(config) == []
@@ -110,8 +112,11 @@ def test_overrides_narrow_extend_pin_and_add():
     assert space.knob("enable_chunked_prefill").choices == (True,)
     assert space.knob("max_num_batched_tokens").choices == (2048, 4096, 8192)
     assert space.knob("block_size").choices == (64, 128)
-    by_param = resolve_space("fixed-batch", overrides=["max_num_seqs=2:16"])
-    assert by_param.knob("batch_size").high == 16
+    narrowed = resolve_space("fixed-batch", overrides=["batch_size=2:16", "stream_num=1"])
+    assert narrowed.knob("batch_size").high == 16 and narrowed.knob("stream_num").choices == (1,)
+    assert narrowed.params({"batch_size": 4, "stream_num": 1, "kv_sparse_threshold": 0.0})["stream_num"] == 1
+    with pytest.raises(UsageError, match="max_num_seqs follows batch_size x stream_num in space fixed-batch"):
+        resolve_space("fixed-batch", overrides=["max_num_seqs=2:16"])
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -163,7 +168,10 @@ def test_baseline_from_current_params_and_containment():
 
 def test_baseline_of_flags_left_out_is_the_engines_own_value():
     space = resolve_space("fixed-batch")
-    assert space.baseline({"max_num_seqs": 16}) == {"batch_size": 16, "stream_num": 1, "kv_sparse_threshold": 0.0}
+    # a service that sets neither batch_size nor stream_num runs continuous batching: no fixed-batch baseline
+    assert space.baseline({"max_num_seqs": 16}) == {"kv_sparse_threshold": 0.0}
+    assert space.baseline({"batch_size": 4, "stream_num": 1}) == \
+        {"batch_size": 4, "stream_num": 1, "kv_sparse_threshold": 0.0}
 
 
 def test_the_registrys_own_rules_apply_to_candidates():
@@ -172,3 +180,12 @@ def test_the_registrys_own_rules_apply_to_candidates():
     assert space.violations(config) == ["params.maxIterTimes: 5000 is more than maxSeqLen (4096); "
                                         "the output cap must fit the context"]
     assert space.violations({**config, "maxIterTimes": 4000}) == []
+
+
+def test_stream_num_one_is_rendered_as_an_explicit_flag():
+    from dsctl.core.serving import service
+
+    space = resolve_space("fixed-batch")
+    params = space.params({"batch_size": 4, "stream_num": 1, "kv_sparse_threshold": 0.0})
+    service.check_params("lab-engine", params)  # the registry's rules hold (stream_num <= max_num_seqs)
+    assert params["stream_num"] == 1 and params["max_num_seqs"] == 4

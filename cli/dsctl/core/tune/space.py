@@ -11,7 +11,8 @@ or that the host's vllm-ascend release does not read, is dropped and the reason 
 A configuration (``config``) maps knob names to sampled values.  `SearchSpace.params` turns it into the engine
 parameters the service gets (knob -> registry name, ratios resolved), `SearchSpace.fields` into the service fields
 (tensor_parallel_size, data_parallel_size), and `SearchSpace.violations` checks the dependencies
-(maxPrefillBatchSize <= maxBatchSize, stream_num divides batch_size, tp x dp = NPUs of the instance).
+(maxPrefillBatchSize <= maxBatchSize, tp x dp = NPUs of the instance); ``derived`` parameters follow from knobs
+(the fixed-batch space's max_num_seqs = batch_size x stream_num).
 
 Overrides (``--param``, also from the inventory)::
 
@@ -136,6 +137,15 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """An engine parameter a space sets from its knobs (``product``: the knobs' values multiplied), not searched."""
+
+    param: str
+    product: tuple[str, ...]
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class SearchSpace:
     name: str
     engine: str
@@ -145,6 +155,7 @@ class SearchSpace:
     npus_per_instance: int | None = None
     fixed: Mapping[str, Any] = field(default_factory=dict)  # the service's current params (constraint context)
     vllm_ascend: str | None = None  # the host's release (version gates)
+    derived: tuple[Derived, ...] = ()
 
     def knob(self, name: str) -> Knob:
         for knob in self.knobs:
@@ -175,6 +186,10 @@ class SearchSpace:
             elif knob.kind == "int":
                 value = int(value)
             out[knob.param] = value
+        for rule in self.derived:
+            factors = [self._value(name, config) for name in rule.product]
+            if all(isinstance(f, int) and not isinstance(f, bool) for f in factors):
+                out[rule.param] = math.prod(factors)
         return out
 
     def fields(self, config: Mapping[str, Any]) -> dict[str, int]:
@@ -392,11 +407,23 @@ def resolve_space(name: str, *, vllm_ascend: str | None = None, npus_per_instanc
         knobs.append(knob)
     constraints = tuple(Constraint(kind, tuple(c[kind]), c.get("equals"), str(c.get("why", "")))
                         for c in spec.get("constraints") or () for kind in ("le", "divides", "product") if kind in c)
+    derived = tuple(_derived(name, param, rule, known) for param, rule in (spec.get("derived") or {}).items())
     space = SearchSpace(name=name, engine=engine, knobs=tuple(knobs), constraints=constraints, notes=tuple(notes),
-                        npus_per_instance=npus_per_instance, fixed=dict(params or {}), vllm_ascend=vllm_ascend)
+                        npus_per_instance=npus_per_instance, fixed=dict(params or {}), vllm_ascend=vllm_ascend,
+                        derived=derived)
     for text in overrides:
         space = apply_override(space, parse_override(text), vllm_ascend=vllm_ascend, lossy_params=lossy_params)
     return space
+
+
+def _derived(space: str, param: str, rule: Mapping[str, Any], known: Mapping[str, Any]) -> Derived:
+    where = f"tune_spaces.yaml: {space}.derived.{param}"
+    factors = rule.get("product")
+    if param not in known or known[param]["type"] != "int":
+        raise ValueError(f"{where}: needs an int parameter of the engine")
+    if not isinstance(factors, list) or len(factors) < 2:
+        raise ValueError(f"{where}: product needs a list of at least two knob names")
+    return Derived(param, tuple(factors), str(rule.get("why", "")))
 
 
 # --------------------------------------------------------------------------- --param
@@ -482,6 +509,10 @@ def apply_override(space: SearchSpace, override: Override, *, vllm_ascend: str |
     """``space`` with one knob narrowed, extended, pinned or added; `UsageError` (one line) if it cannot be."""
     known = service.engine_params(space.engine)
     existing = next((k for k in space.knobs if k.name == override.name or k.param == override.name), None)
+    rule = next((d for d in space.derived if d.param == override.name), None)
+    if existing is None and rule is not None:
+        raise _param_error(override.text, f"{rule.param} follows {' x '.join(rule.product)} in space {space.name}; "
+                                          f"set {' or '.join(rule.product)} instead")
     if existing is None and override.name not in known:
         candidates = list(space.names) + [n for n in known if known[n]["type"] != "json"]
         close = difflib.get_close_matches(override.name, candidates, n=1, cutoff=0.6)

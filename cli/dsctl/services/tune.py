@@ -1,0 +1,324 @@
+"""The tune verb, ``--simulate``: search an engine's parameters against SLOs on the offline evaluator.
+
+The recipe is dsctl.core.tune's (its ``__init__`` shows it): parse the SLOs, resolve the space (``--param``
+overrides), refuse a physically impossible SLO before any evaluation (`screens.impossible`, exit 6), run the
+`search.Search` driver with the roofline screen, write ``trials.jsonl`` and ``pareto.png`` in the run directory.
+The evaluator is the engine's own offline model: a candidate's engine parameters become an
+`engine_config.EngineConfig` and `dsctl.core.perf.evaluate.evaluate` runs it on the same requests ``dsctl probe``
+would send.  A configuration the engine's start-up plan refuses (``StartupFailure``: torch_npu's out-of-memory
+words, vLLM's "No available memory for the cache blocks", its token-budget ValueErrors) and one that fails under
+load (aclrtMalloc) are classified from those words by `search.classify_failure`, as the live tuner classifies a
+log tail.  Without ``rate`` each candidate's highest SLO-holding request rate is searched
+(`rate_search.search_rate`); its goodput at that rate is the objective.
+
+Exit statuses (``TuneResult.exit_status``): 0 a configuration met the SLO; 6 none did (``errors`` names the
+closest configuration and its binding constraint).  An impossible SLO raises DsctlError with exit 6 before any
+evaluation; bad inputs raise UsageError (exit 2).  The study journal (``study.journal``) makes a run resumable
+(``resume=True`` on the same run directory with the same space, SLOs and objective): finished trials are kept and
+not evaluated again.
+
+Progress records: ``dsctl_note`` (``msg``), ``dsctl_tune_trial`` per trial started or told (``phase``, ``number``,
+``config``, ``status``, ``objective``, ``evaluated``, ``crashed``, ``feasible``, ``budget``, ``best``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsctl.core.load import arrivals
+from dsctl.core.load.workload import LengthSpec, Workload
+from dsctl.core.perf import engine_config, evaluate
+from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
+from dsctl.core.tune import pareto, rate_search, screens, search, slo
+from dsctl.core.tune import space as space_mod
+from dsctl.core.tune.pareto import TrialRecord
+from dsctl.core.tune.search import Candidate, Failure, Outcome
+from dsctl.errors import DsctlError, ExitStatus, UsageError
+from dsctl.services.ports import ProgressSink, no_progress
+
+ENGINES = ("lab-engine", "vllm-ascend")
+STUDY = "dsctl-tune"
+JOURNAL = "study.journal"
+TRIALS = "trials.jsonl"
+PLOT = "pareto.png"
+MAX_REQUESTS = 5000  # per evaluation: a simulated run of a few hundred takes well under a second
+MAX_BUDGET = 1000
+# Rate search bounds (req/s): the lowest rate worth reporting and a ceiling no single instance of the profiled
+# models reaches; the first probe at START_RATE, doubling or halving from there, then bisection to RATE_TOLERANCE.
+MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.05, 256.0, 1.0, 0.1, 10
+# EngineConfig fields the offline evaluator models, by registry name (the rest of the registry is not simulated).
+_MODELLED = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {
+    "model", "chip", "mode", "weight_bytes", "alloc_conf", "visible_npus"}
+
+
+@dataclass(frozen=True)
+class TuneInputs:
+    model: str
+    chip: str
+    slos: tuple[str, ...]  # --slo values, e.g. ("ttft=200ms", "tpot:p90=50ms")
+    run_dir: Path  # holds study.journal, trials.jsonl, pareto.png
+    engine: str = "lab-engine"
+    space: str | None = None  # default: the engine's (tune_spaces.yaml default_for)
+    objective: str = "goodput"
+    budget: int = 20  # evaluations
+    slots: int = 1  # evaluations at once
+    seed: int = 0
+    prompt_tokens: str = "512"  # as dsctl probe takes them: N, uniform:LO:HI, normal:MEAN:STD
+    output_tokens: str = "128"
+    requests: int = 100  # per evaluation
+    rate: float | None = None  # req/s (Poisson); None: search each candidate's highest SLO-holding rate
+    params: tuple[str, ...] = ()  # --param overrides
+    npus_per_instance: int = 1
+    max_model_len: int | None = None  # None: the model's own (as the engine does)
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    inputs: TuneInputs
+    space: space_mod.SearchSpace
+    trials: tuple[TrialRecord, ...]
+    best: TrialRecord | None
+    closest: TrialRecord | None
+    counts: dict[str, int]
+    stopped: str
+    trials_path: Path
+    plot_path: Path
+    exit_status: ExitStatus
+    errors: tuple[str, ...]
+
+    def ranked(self) -> list[TrialRecord]:
+        """Evaluated trials, best first: feasible by objective, then the rest by how near they came."""
+        evaluated = [t for t in self.trials if t.evaluated and t.duplicate_of is None]
+        return sorted(evaluated, key=lambda t: (not t.feasible, -(t.objective or 0.0) if t.feasible else 0.0,
+                                                t.failure in search.CRASHES,
+                                                t.margin if t.margin is not None else float("inf"), t.number))
+
+    def to_dict(self) -> dict[str, Any]:
+        i = self.inputs
+        return {
+            "mode": "simulate", "model": i.model, "chip": i.chip, "engine": i.engine, "space": self.space.name,
+            "slos": [s.to_dict() for s in slo.parse_slos(i.slos)], "objective": i.objective, "budget": i.budget,
+            "seed": i.seed, "rate": i.rate, "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
+            "requests": i.requests, "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
+            "plot_path": str(self.plot_path), "counts": self.counts, "stopped": self.stopped,
+            "best": None if self.best is None else _jsonable(self.best),
+            "closest": None if self.closest is None else _jsonable(self.closest),
+            "notes": list(self.space.notes), "trials": [_jsonable(t) for t in self.ranked()],
+        }
+
+
+def _jsonable(record: TrialRecord) -> dict[str, Any]:
+    import json
+
+    return json.loads(record.to_json_line())  # the trials.jsonl form (no NaN / inf)
+
+
+def _length(text: str, option: str) -> LengthSpec:
+    try:
+        return LengthSpec.parse(text, option)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _shortest(spec: LengthSpec) -> int:
+    """The fewest tokens a request of ``spec`` has: the impossibility screen must hold for every request."""
+    return int(spec.a) if spec.kind in ("fixed", "uniform") else 1
+
+
+def _check(inputs: TuneInputs) -> None:
+    if inputs.engine not in ENGINES:
+        raise UsageError(f"--engine {inputs.engine!r}: --simulate models {' or '.join(ENGINES)}")
+    if not 1 <= inputs.requests <= MAX_REQUESTS:
+        raise UsageError(f"--requests must be in 1..{MAX_REQUESTS}, got {inputs.requests}")
+    if not 1 <= inputs.budget <= MAX_BUDGET:
+        raise UsageError(f"--budget must be in 1..{MAX_BUDGET}, got {inputs.budget}")
+    if inputs.rate is not None and not 0 < inputs.rate <= MAX_RATE:
+        raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
+    if inputs.npus_per_instance < 1:
+        raise UsageError(f"--npus must be at least 1, got {inputs.npus_per_instance}")
+
+
+def resolve(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:
+    """Validate every input (UsageError, one line); no I/O."""
+    _check(inputs)
+    slos = slo.parse_slos(inputs.slos)
+    name = inputs.space or space_mod.default_space(inputs.engine)
+    fixed = {} if inputs.max_model_len is None else {"max_model_len": inputs.max_model_len}
+    space = space_mod.resolve_space(name, npus_per_instance=inputs.npus_per_instance, params=fixed,
+                                    overrides=inputs.params)
+    if space.engine != inputs.engine:
+        raise UsageError(f"--space {name}: it tunes {space.engine}, not --engine {inputs.engine}")
+    unmodelled = sorted({k.param for k in space.knobs if not k.parallel} - _MODELLED)
+    if unmodelled:
+        raise UsageError(f"--param {unmodelled[0]}: --simulate does not model it; tune it live or drop it")
+    workload = Workload(_length(inputs.prompt_tokens, "--prompt-tokens"),
+                        _length(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
+    return slos, space, workload
+
+
+def engine_config_for(inputs: TuneInputs, space: space_mod.SearchSpace, candidate: Candidate) -> EngineConfig:
+    """The engine a candidate starts: its parameters and fields on the model, chip and instance of the run.
+
+    The lab engine runs fixed-batch when --batch-size or --stream-num is given (engine_params.yaml), else
+    continuous batching, like vllm-ascend."""
+    params = {**space.fixed, **candidate.params}
+    values = {k: v for k, v in {**params, **candidate.fields}.items() if k in _MODELLED}
+    fixed_batch = inputs.engine == "lab-engine" and ("batch_size" in params or "stream_num" in params)
+    if "pa_shape_list" in values:
+        values["pa_shape_list"] = tuple(values["pa_shape_list"])
+    values.setdefault("tensor_parallel_size", inputs.npus_per_instance)
+    return EngineConfig(model=inputs.model, chip=inputs.chip, mode=FIXED_BATCH if fixed_batch else CONTINUOUS,
+                        visible_npus=inputs.npus_per_instance, **values)
+
+
+def _failure(status: str, message: str) -> Failure:
+    failure = search.classify_failure(message)
+    if status == evaluate.FAILED_TO_START and failure == Failure.ERROR and message.startswith("ValueError"):
+        return Failure.BAD_FLAG  # the engine refused its arguments before it listened
+    return failure
+
+
+def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace, workload: Workload):
+    """The `search.Evaluator` of --simulate: one candidate -> an `Outcome` from the offline evaluator."""
+    bounds = slo.goodput_bounds_ms(slos)
+
+    def run(config: EngineConfig, rate: float, seed: int) -> evaluate.Evaluation:
+        return evaluate.evaluate(config, workload, arrivals.ArrivalSpec(process="poisson", rate=rate),
+                                 inputs.requests, seed=seed, goodput_ms=bounds)
+
+    def evaluator(candidate: Candidate) -> Outcome:
+        config = engine_config_for(inputs, space, candidate)
+        try:
+            engine_config.plan(config)
+        except engine_config.StartupFailure as exc:
+            return Outcome(failure=_failure(evaluate.FAILED_TO_START, exc.message), detail=exc.message,
+                           data={"log_tail": exc.message})
+        if inputs.rate is not None:
+            e = run(config, inputs.rate, inputs.seed)
+            if not e.ok:
+                return Outcome(metrics=e.metrics or None, failure=_failure(e.status, e.message), detail=e.message,
+                               rate=inputs.rate, agreement=e.agreement, data={"log_tail": e.message})
+            return Outcome(metrics=e.metrics, rate=inputs.rate, agreement=e.agreement)
+        crashed: list[evaluate.Evaluation] = []
+        probes = 0
+
+        def probe(rate: float) -> dict[str, Any]:
+            nonlocal probes
+            e = run(config, rate, inputs.seed + probes)  # each probe draws its own requests: a repeat is a repeat
+            probes += 1
+            if not e.ok:
+                crashed.append(e)
+                return {**e.metrics, "completed": 0}  # the engine died at this rate: it holds nothing there
+            return e.metrics
+
+        found = rate_search.search_rate(probe, slos, start=START_RATE, min_rate=MIN_RATE,
+                                        max_rate=MAX_RATE, max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE,
+                                        repeats=1)
+        outcome = rate_search.to_outcome(found)
+        if found.rate is None and crashed and len(crashed) == len(found.probes):
+            last = crashed[-1]  # it failed at every rate tried: the engine dies under this load, not an SLO miss
+            return Outcome(failure=_failure(last.status, last.message), detail=last.message,
+                           data={"log_tail": last.message, **outcome.data})
+        return dataclasses.replace(outcome, agreement=_agreement(config))
+
+    return evaluator
+
+
+def _agreement(config: EngineConfig) -> float:
+    from dsctl.core.perf import perfmodel
+
+    if not 0 <= config.kv_sparse_threshold < 1:
+        return 1.0
+    return 1.0 - perfmodel.divergence_probability(perfmodel.kv_keep_fraction(config.kv_sparse_threshold))
+
+
+def _status(record: TrialRecord) -> str:
+    return "feasible" if record.feasible else (record.failure or "running")
+
+
+def prepare(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:
+    """`resolve`, then refuse an SLO no configuration can meet (DsctlError, exit 6, with the bound); no I/O."""
+    slos, space, workload = resolve(inputs)
+    shortest_prompt, shortest_output = _shortest(workload.prompt_len), _shortest(workload.output_len)
+    reason = screens.impossible(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
+                                output_tokens=shortest_output, slos=slos, npus_per_instance=inputs.npus_per_instance)
+    if reason:
+        raise DsctlError(f"no configuration of {inputs.model} on {inputs.npus_per_instance} x {inputs.chip} can "
+                         f"meet {', '.join(s.label for s in slos)} for {shortest_prompt}-token prompts: {reason}",
+                         ExitStatus.SLO_NOT_MET)
+    return slos, space, workload
+
+
+def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResult:
+    slos, space, workload = prepare(inputs)
+    shortest_prompt, shortest_output = _shortest(workload.prompt_len), _shortest(workload.output_len)
+    run_dir = inputs.run_dir
+    journal = run_dir / JOURNAL
+    if inputs.resume and not journal.is_file():
+        raise UsageError(f"--resume {run_dir}: no {JOURNAL} there; give the run directory of an earlier tune")
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    progress({"event": "dsctl_note", "msg": f"tuning {space.name} ({', '.join(space.names)}) for "
+                                            f"{', '.join(s.label for s in slos)}: {inputs.model} on {inputs.chip}, "
+                                            f"simulated; budget {inputs.budget}; run directory {run_dir}"})
+    best: list[TrialRecord] = []
+
+    def on_event(phase: str, record: TrialRecord) -> None:
+        if phase == "told" and record.feasible and record.evaluated and (
+                not best or (record.objective or 0.0) > (best[0].objective or 0.0)):
+            best[:] = [record]
+        counts = search.count(driver.result().trials) if phase == "told" else {}
+        progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
+                  "status": _status(record) if phase == "told" else "running", "objective": record.objective,
+                  "detail": record.detail, "evaluated": counts.get("evaluated"), "crashed": counts.get("crashed"),
+                  "feasible": counts.get("feasible"), "budget": inputs.budget,
+                  "best": best[0].objective if best else None})
+
+    screen = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
+                                     output_tokens=shortest_output, slos=slos,
+                                     npus_per_instance=inputs.npus_per_instance)
+    driver = search.Search(space, slos, simulator(inputs, slos, space, workload),
+                           search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
+                                                 objective=inputs.objective,
+                                                 npus_per_instance=inputs.npus_per_instance),
+                           storage=search.journal_storage(journal), study_name=STUDY, resume=inputs.resume,
+                           screen=screen, context={"simulated": True, "model": inputs.model, "chip": inputs.chip},
+                           on_event=on_event)
+    result = driver.run()
+    trials_path = pareto.write_trials(result.trials, run_dir / TRIALS)
+    first = slos[0]
+    plot_path = pareto.plot(result.trials, run_dir / PLOT, winner=result.best, slo_key=first.key,
+                            slo_bound=first.bound if first.statistic is not None else None,
+                            title=f"dsctl tune --simulate {inputs.model} on {inputs.chip}")
+    errors: tuple[str, ...] = ()
+    status = ExitStatus.OK
+    if result.best is None:
+        status = ExitStatus.SLO_NOT_MET
+        errors = (_nothing_met(result),)
+    return TuneResult(inputs, space, tuple(result.trials), result.best, result.closest, result.counts,
+                      result.stopped, trials_path, plot_path, status, errors)
+
+
+def config_text(record: TrialRecord) -> str:
+    return " ".join(f"{k}={_value(v)}" for k, v in {**record.params, **record.fields}.items())
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _nothing_met(result: search.SearchResult) -> str:
+    closest = result.closest
+    counts = result.counts
+    if closest is None:
+        return (f"no configuration met the SLO: all {counts['evaluated']} evaluated crashed "
+                f"({', '.join(f'{counts[f.value]} {f.value}' for f in search.CRASHES if counts[f.value])}); "
+                "narrow the space with --param")
+    at = f" at {closest.rate:.3g} req/s" if closest.rate is not None else ""
+    return (f"no configuration met the SLO; closest: trial {closest.number} ({config_text(closest)}){at}, "
+            f"binding {closest.binding}: {closest.detail}")

@@ -1,0 +1,85 @@
+"""`dsctl tune` as users run it (a real `python -m dsctl` process): the table, --json, exit statuses, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SMALL = ["--model", "r1-7b", "--chip", "910B3", "--requests", "20", "--prompt-tokens", "uniform:64:512",
+         "--output-tokens", "uniform:16:64", "--max-model-len", "4096", "--param", "kv_sparse_threshold=0"]
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"COLUMNS": "250", "PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(tmp_path / "state")}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run([sys.executable, "-m", "dsctl", "tune", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_simulate_prints_the_ranked_table_progress_and_the_artifacts(tmp_path):
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=2s", "--budget", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "dsctl tune --simulate: r1-7b on 910B3 (lab-engine, space fixed-batch), 3 evaluated" in out
+    for column in ("rank", "parameters", "goodput req/s", "SLO statistics", "status"):
+        assert column in out
+    assert "│ 1    │" in out and "feasible" in out and "ttft:p99 " in out
+    best = next(line for line in out.splitlines() if line.startswith("best: trial "))
+    assert "stream_num=" in best and "max_num_seqs=" in best
+    trials = Path(next(line for line in out.splitlines() if line.startswith("trials: "))[8:])
+    plot = Path(next(line for line in out.splitlines() if line.startswith("Pareto plot: "))[13:])
+    assert trials.parent == plot.parent and trials.parent.parent == tmp_path / "state" / "dsctl" / "runs"
+    assert len(trials.read_text().splitlines()) >= 3 and plot.stat().st_size > 0
+    assert "trial 0: " in result.stderr and "3/3 evaluated" in result.stderr and "best so far" in result.stderr
+
+
+def test_json_envelope_and_exit_6_naming_the_closest(tmp_path):
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=300ms", "--rate", "40", "--budget", "3",
+                     "--json")
+    assert result.returncode == 6, result.stderr
+    envelope = json.loads(result.stdout)
+    assert envelope["command"] == ["tune"] and envelope["exit_code"] == 6 and envelope["status"] == "partial"
+    data = envelope["data"]
+    assert data["best"] is None and data["counts"]["evaluated"] == 3 and data["rate"] == 40.0
+    closest = data["closest"]
+    (error,) = envelope["errors"]
+    assert error.startswith(f"no configuration met the SLO; closest: trial {closest['number']} (")
+    assert "binding ttft:p99" in error
+    assert Path(data["trials_path"]).is_file() and Path(data["plot_path"]).is_file()
+
+
+def test_resume_through_the_cli(tmp_path):
+    first = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=2s", "--budget", "2", "--json")
+    assert first.returncode == 0, first.stderr
+    run_dir = json.loads(first.stdout)["data"]["run_dir"]
+    again = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=2s", "--budget", "3", "--json", "--resume",
+                    run_dir)
+    assert again.returncode == 0, again.stderr
+    data = json.loads(again.stdout)["data"]
+    assert data["run_dir"] == run_dir and data["counts"]["evaluated"] == 3
+    assert again.stderr.count(" evaluated, ") == 1 + (data["counts"]["duplicate"] or 0) + sum(
+        data["counts"][k] for k in ("screened", "invalid"))
+
+
+def test_refusals_are_one_line_with_their_exit_status(tmp_path):
+    live = run_cli(tmp_path, "--model", "r1-7b", "--slo", "ttft=200ms")
+    assert live.returncode == 2 and live.stdout == ""
+    assert live.stderr.splitlines() == ["dsctl: error: live tuning on the fleet is not available yet; use --simulate "
+                                        "to tune on dsctl's offline engine model"]
+    impossible = run_cli(tmp_path, "--simulate", "--model", "deepseek-v3", "--chip", "910B3", "--slo", "ttft=200ms",
+                         "--prompt-tokens", "131072", "--npus", "16")
+    assert impossible.returncode == 6 and impossible.stdout == ""
+    (line,) = impossible.stderr.splitlines()
+    assert line.startswith("dsctl: error: no configuration of deepseek-v3 on 16 x 910B3 can meet ttft:p99=200ms")
+    assert "needs at least 10.3 s" in line
+    assert not (tmp_path / "state" / "dsctl" / "runs").exists()
+    bad = run_cli(tmp_path, "--simulate", "--model", "r1-7b", "--slo", "ttft=2s", "--param", "max_num_seqs=2:16")
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == ["dsctl: error: --param 'max_num_seqs=2:16': max_num_seqs follows batch_size x "
+                                       "stream_num in space fixed-batch; set batch_size or stream_num instead"]
+    missing = run_cli(tmp_path, "--simulate", "--model", "r1-7b")
+    assert missing.returncode == 2 and "--slo is required" in missing.stderr
