@@ -16,6 +16,7 @@ try:
     from dsctl.core.fleet import inventory_schema
     from dsctl.core.serving import gateway
     from dsctl.errors import DsctlError
+    from dsctl.services import host_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
     # This guard stays in each plugin (dsctl_filters.py has its own): it reports the dsctl package missing, so it
     # cannot live in that package, and a plugin cannot import another plugin (see dsctl.adapters.ansible_values).
@@ -33,7 +34,8 @@ def _require_core() -> None:
 
 
 def _dsctl_vars(host_vars: Mapping) -> dict:
-    return {str(key): plain(host_vars[key]) for key in list(host_vars.keys()) if str(key).startswith("dsctl_")}
+    """A host's dsctl settings; this run's options (extra vars such as dsctl_plan) are not settings."""
+    return {key: plain(value) for key, value in host_plan.settings_vars(host_vars).items()}
 
 
 def _targets(groups, hostvars) -> list:

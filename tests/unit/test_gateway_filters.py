@@ -65,3 +65,13 @@ def test_bad_input_is_dsctl_s_one_line():
     groups, hostvars = inventory({"dsctl_gateway": {"services": [{"service": "chat", "port": 0}]}})
     with pytest.raises(AnsibleFilterError, match=r"host gw-01: dsctl_gateway.services\[0\].port: expected a port"):
         filters()["dsctl_gateway_targets"](groups, hostvars)
+
+
+def test_this_run_s_options_in_the_hostvars_are_not_taken_for_settings():
+    # deploy hands its plan and options to the play as extra vars, which every host's hostvars then carry.
+    run_options = {"dsctl_plan": {"version": 1, "fleet": ["lab-01", "lab-02"], "hosts": {}},
+                   "dsctl_deploy_serial": 1, "dsctl_deploy_force_restart": True,
+                   "dsctl_service_overrides": {"chat": {"max_num_seqs": 8}}, "dsctl_deploy_only": ["chat-0"]}
+    groups, hostvars = inventory({"dsctl_gateway": DECLARATION, **run_options}, **run_options)
+    plan = filters()["dsctl_gateway_plan"]("gw-01", groups, hostvars, "", None, None)
+    assert 'server "10.78.0.11:8000"' in plan["config"] and 'server "10.78.0.12:8001"' in plan["config"]

@@ -31,7 +31,8 @@ PLAN_VAR = "dsctl_plan"
 PLAN_VERSION = 1
 SETTINGS_PREFIX = "dsctl_"
 # Options of one playbook run (dsctl passes them as extra vars, which reach hostvars): not host settings.
-RUN_OPTIONS = frozenset({deploy_plan.SERIAL_VAR, deploy_plan.FORCE_RESTART_VAR, PLAN_VAR})
+RUN_OPTIONS = frozenset({deploy_plan.SERIAL_VAR, deploy_plan.FORCE_RESTART_VAR, deploy_plan.OVERRIDES_VAR,
+                         deploy_plan.ONLY_VAR, PLAN_VAR})
 ARCH_NAMED = ("driver_run", "firmware_run", "toolkit_run", "kernels_run", "nnal_run")
 
 # How each service manager tells whether an instance's process is alive (service_health's process check).
