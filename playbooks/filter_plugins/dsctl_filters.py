@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 try:
+    from dsctl.adapters.ansible_values import plain as _plain
     from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate
@@ -43,23 +44,6 @@ def _dsctl_vars(host_vars: Mapping) -> dict:
     # Only dsctl_* keys are read (run options and the plan left out), so unrelated undefined variables are
     # never templated.
     return host_plan.settings_vars(host_vars)
-
-
-def _plain(value):
-    """Ansible hands filters tagged/lazy containers; the core wants plain JSON-like values."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    return value
 
 
 def _plan_entry(host_vars: Mapping) -> dict | None:
