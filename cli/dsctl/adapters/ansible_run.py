@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -443,12 +444,14 @@ def run_playbook(
     on_event: EventHandler | None = None,
     artifacts_dir: Path | None = None,
     timeout: float | None = None,
+    stop: threading.Event | None = None,
 ) -> PlaybookRun:
     """Run ``playbooks/<playbook>`` against ``inventory``; return per-host outcomes.
 
     Raises PlaybookError when ansible-playbook fails before any play starts (syntax, options, no hosts to
     target; its message is the first ERROR line of the log) or when ``timeout`` seconds pass.
-    KeyboardInterrupt stops ansible-playbook (SIGINT, then TERM/KILL) and is re-raised.
+    KeyboardInterrupt stops ansible-playbook (SIGINT, then TERM/KILL) and is re-raised; so does ``stop`` being set
+    (a run in a worker thread, which no signal reaches: tune's trial slots), which then raises KeyboardInterrupt.
     ``vault``: the vault password file or the password asked for (without either, ansible-playbook still
     honours ANSIBLE_VAULT_PASSWORD_FILE).
     """
@@ -501,6 +504,8 @@ def run_playbook(
                     timed_out = True
                     _stop(proc)
                     break
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt  # handled below: ansible-playbook is stopped first
                 time.sleep(POLL_SECONDS)
             deliver()
         except BaseException:  # KeyboardInterrupt, or on_event raised: never leave ansible-playbook behind

@@ -51,8 +51,10 @@ class WriteBack:
 
 
 def _vars_files(inventory: Path) -> list[Path]:
+    """The inventory's own YAML file (its group and host ``vars`` may define services: `dsctl lab up` writes one
+    such file) and its group_vars/host_vars files."""
     root = inventory if inventory.is_dir() else inventory.parent
-    files: list[Path] = []
+    files: list[Path] = [inventory] if inventory.is_file() and inventory.suffix in _SUFFIXES else []
     for kind in ("group_vars", "host_vars"):
         base = root / kind
         if not base.is_dir():
@@ -84,12 +86,23 @@ def find_definitions(inventory: Path, service: str) -> tuple[list[Definition], l
         if SERVICES_VAR not in text:
             continue
         document = _yaml().load(text)
-        services = document.get(SERVICES_VAR) if isinstance(document, Mapping) else None
-        if not isinstance(services, list):
-            continue
-        found += [Definition(path, i) for i, entry in enumerate(services)
+        found += [Definition(path, i) for services in _service_lists(document) for i, entry in enumerate(services)
                   if isinstance(entry, Mapping) and entry.get("name") == service]
     return found, skipped
+
+
+def _service_lists(node: Any, depth: int = 0) -> list[list[Any]]:
+    """Every ``dsctl_services`` list in a vars file (top level) or an inventory file (under a group's or a host's
+    vars, at any depth of ``children``); the depth is bounded like Ansible's group nesting in practice."""
+    if depth > 32 or not isinstance(node, Mapping):
+        return []
+    found: list[list[Any]] = []
+    for key, value in node.items():
+        if key == SERVICES_VAR and isinstance(value, list):
+            found.append(value)
+        elif isinstance(value, Mapping):
+            found += _service_lists(value, depth + 1)
+    return found
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -120,7 +133,7 @@ def _edit(path: Path, service: str, params: Mapping[str, Any], fields: Mapping[s
     yaml.indent(mapping=max(2, sequence - offset), sequence=sequence, offset=offset)
     document = yaml.load(text)
     changed: dict[str, Any] = {}
-    for entry in document[SERVICES_VAR]:
+    for entry in (item for services in _service_lists(document) for item in services):
         if not (isinstance(entry, Mapping) and entry.get("name") == service):
             continue
         current = entry.get("params")
@@ -176,7 +189,7 @@ def write_back(inventory: Path, service: str, params: Mapping[str, Any], *, fiel
     if only is not None:
         definitions = [d for d in definitions if d.path.resolve() == only.resolve()]
     if not definitions:
-        where = f"{only}" if only is not None else f"the group_vars/host_vars files of {inventory}"
+        where = f"{only}" if only is not None else f"{inventory} or its group_vars/host_vars files"
         extra = f" ({'; '.join(skipped)})" if skipped else ""
         raise UsageError(f"--write-back: service {service!r} is not defined in {SERVICES_VAR} in {where}{extra}; "
                          "check the service name or write the parameters by hand")

@@ -1,8 +1,10 @@
-"""`dsctl tune --simulate`: search an engine's parameters for the highest goodput under SLOs, offline.
+"""`dsctl tune`: search a service's engine parameters for the highest goodput that meets SLOs, live on the fleet's
+instances (each one a trial slot) and leave the winner deployed; or ``--simulate`` on dsctl's offline engine model.
 
-Exit statuses: 0 a configuration met the SLO; 6 none did (the closest configuration and its binding constraint
-are named), or the SLO is physically impossible (refused before any evaluation, with the bound); 2 bad options,
-or live tuning (without --simulate), which is not available yet.
+Exit statuses: 0 a configuration met the SLO (live: every instance serves it and a probe confirmed it); 6 none did
+(the closest configuration and its binding constraint are named; live: every instance runs the inventory's
+configuration again), a confirming probe missed, or the SLO is physically impossible (refused before any restart,
+with the bound); 2 bad options; 130 interrupted (live: every instance restored first).
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ import typer
 
 from dsctl import ui
 from dsctl.adapters.ansible_run import new_artifacts_dir
+from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, vault_options
+from dsctl.core.tune import quality
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.errors import UsageError
 from dsctl.services import tune as tune_verb
+from dsctl.services import tune_live
+from dsctl.ui_tune import TuneProgress
 
 TABLE_ROWS = 10
 STATUS_CHARS = 48  # the full reason is in trials.jsonl and --json
@@ -50,23 +56,45 @@ def _status_cell(record: TrialRecord) -> str:
     return f"{record.failure}: {detail[:STATUS_CHARS]}" if detail else str(record.failure)
 
 
-def render(result: tune_verb.TuneResult) -> None:
+def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
     rows = []
     for rank, record in enumerate(result.ranked()[:TABLE_ROWS], start=1):
         rows.append([rank, record.number, tune_verb.config_text(record),
                      "-" if record.rate is None else f"{record.rate:.3g}",
                      "-" if record.objective is None else f"{record.objective:.3g}", _slo_cell(record),
                      _status_cell(record)])
-    i = result.inputs
     c = result.counts
-    ui.print_table(f"dsctl tune --simulate: {i.model} on {i.chip} ({i.engine}, space {result.space.name}), "
-                   f"{c['evaluated']} evaluated, {c['feasible']} feasible, {c['crashed']} crashed", COLUMNS, rows)
+    if isinstance(result, tune_live.LiveTuneResult):
+        p = result.plan
+        title = (f"dsctl tune: {p.service} ({p.model}, {p.engine}, space {p.space.name}) on {len(p.slots)} instances, "
+                 f"{c['evaluated']} restarts, {c['feasible']} feasible, {c['crashed']} crashed, "
+                 f"{c['screened']} screened out, {result.wall_s:.0f} s")
+        space = p.space
+    else:
+        i = result.inputs
+        title = (f"dsctl tune --simulate: {i.model} on {i.chip} ({i.engine}, space {result.space.name}), "
+                 f"{c['evaluated']} evaluated, {c['feasible']} feasible, {c['crashed']} crashed")
+        space = result.space
+    ui.print_table(title, COLUMNS, rows)
     console = ui.stdout_console()
-    for note in result.space.notes:
+    for note in space.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if result.best is not None:
-        console.print(f"best: trial {result.best.number}: {tune_verb.config_text(result.best)}", markup=False,
+        console.print(f"best: trial {result.best.number}: {tune_verb.config_text(result.best)}"
+                      + (f" at {result.best.rate:.3g} req/s" if result.best.rate is not None else ""), markup=False,
                       soft_wrap=True)
+    if isinstance(result, tune_live.LiveTuneResult):
+        what = "the winner" if result.deployed == "winner" else "the baseline (the inventory's configuration)"
+        console.print(f"deployed: {what} on every instance of {result.plan.service}", markup=False, soft_wrap=True)
+        for v in result.verification:
+            values = ", ".join(f"{k} {x:.4g}" for k, x in v.values.items())
+            console.print(f"confirmed: {v.instance} on {v.host} at {v.rate:.3g} req/s: "
+                          f"{'meets' if v.met else 'MISSES'} the SLO ({values})", markup=False, soft_wrap=True)
+        for path in result.written:
+            console.print(f"written back: {path}", markup=False, soft_wrap=True)
+        if result.deployed == "winner" and not result.written:
+            console.print("note: the inventory still holds the old parameters (a later dsctl deploy puts them "
+                          "back); add --write-back to keep the winner", markup=False, soft_wrap=True)
     console.print(f"trials: {result.trials_path}", markup=False, soft_wrap=True)
     console.print(f"Pareto plot: {result.plot_path}", markup=False, soft_wrap=True)
     for line in result.errors:  # one line each, unwrapped, so scripts can grep them
@@ -74,21 +102,28 @@ def render(result: tune_verb.TuneResult) -> None:
 
 
 def run(
+    ctx: typer.Context,
     inventory: Annotated[Path | None, typer.Argument(
-        help="Inventory of the fleet to tune live (not available yet; --simulate reads none).")] = None,
+        help="Inventory of the fleet: the service's instances are the trial slots (not with --simulate).")] = None,
     simulate: Annotated[bool, typer.Option(
         "--simulate", help="Evaluate candidates on dsctl's offline engine model instead of the fleet.")] = False,
-    model: Annotated[str | None, typer.Option("--model", help="Model profile, e.g. r1-7b, deepseek-v3.")] = None,
-    chip: Annotated[str, typer.Option("--chip", help="Chip profile, e.g. 910B3, 910B4.")] = "910B3",
-    engine: Annotated[str, typer.Option("--engine", help="lab-engine (fixed-batch space) or vllm-ascend.")
-                      ] = "lab-engine",
+    service: Annotated[str | None, typer.Option(
+        "--service", help="The dsctl_services entry to tune (default: the inventory's only one).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="--simulate: model profile, e.g. r1-7b.")] = None,
+    chip: Annotated[str, typer.Option("--chip", help="Chip profile, e.g. 910B3, 910B4 (the roofline screen).")
+                    ] = "910B3",
+    engine: Annotated[str, typer.Option("--engine", help="--simulate: lab-engine (fixed-batch space) or "
+                                                         "vllm-ascend.")] = "lab-engine",
     space: Annotated[str | None, typer.Option("--space", help="Search space of tune_spaces.yaml (default: the "
                                                               "engine's).")] = None,
     slo: Annotated[list[str] | None, typer.Option(
-        "--slo", help="SLO, repeatable or comma-separated: ttft=200ms, ttft:p95=200ms, tpot=50ms, e2el=2s.")] = None,
+        "--slo", help="SLO, repeatable or comma-separated: ttft=200ms (p99), ttft:p95=200ms, tpot=50ms, e2el=2s, "
+                      "error_rate=1%.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="goodput or throughput.")] = "goodput",
-    budget: Annotated[int, typer.Option("--budget", help="Evaluations in the study.")] = 20,
-    slots: Annotated[int, typer.Option("--slots", help="Evaluations at once.")] = 1,
+    budget: Annotated[int | None, typer.Option(
+        "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.")] = None,
+    slots: Annotated[int, typer.Option("--slots", help="--simulate: evaluations at once (live: one per instance).")
+                     ] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the sampler and the requests.")] = 0,
     rate: Annotated[float | None, typer.Option(
         "--rate", help="Request rate (req/s, Poisson); default: search each candidate's highest SLO-holding rate."
@@ -99,30 +134,62 @@ def run(
         "--prompt-tokens", help="Prompt lengths: N, uniform:LO:HI or normal:MEAN:STD (as dsctl probe).")] = "512",
     output_tokens: Annotated[str, typer.Option(
         "--output-tokens", help="Output lengths: N, uniform:LO:HI or normal:MEAN:STD.")] = "128",
-    requests: Annotated[int, typer.Option("--requests", help="Requests per evaluation.")] = 100,
-    npus: Annotated[int, typer.Option("--npus", help="NPUs of one instance.")] = 1,
+    requests: Annotated[int | None, typer.Option(
+        "--requests", help="Requests per probe (live; default 60) or evaluation (--simulate; default 100).")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Live: requests before each trial's first probe.")] = 4,
+    min_agreement: Annotated[float, typer.Option(
+        "--min-agreement", help="Lossy knobs: the least share of greedy output equal to the baseline's.")
+    ] = quality.DEFAULT_MIN_AGREEMENT,
+    max_time: Annotated[float | None, typer.Option(
+        "--max-time", help="Live: start no trial after this many seconds.")] = None,
+    write_back: Annotated[bool, typer.Option(
+        "--write-back", help="Live: write the winner's parameters into the inventory (comments kept).")] = False,
+    npus: Annotated[int, typer.Option("--npus", help="--simulate: NPUs of one instance.")] = 1,
     max_model_len: Annotated[int | None, typer.Option(
-        "--max-model-len", help="The engine's max_model_len (default: the model's).")] = None,
+        "--max-model-len", help="--simulate: the engine's max_model_len (default: the model's).")] = None,
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the study in this run directory (same space, SLOs and objective).")] = None,
+    limit: LimitOption = None,
+    vault_password_file: VaultFileOption = None,
+    ask_vault_pass: AskVaultOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON result object.")] = False,
 ) -> None:
-    """Search engine parameters for the highest goodput that meets the SLOs; exit 6 if none does."""
-    if not simulate:
-        raise UsageError("live tuning on the fleet is not available yet; use --simulate to tune on dsctl's "
-                         "offline engine model")
-    if model is None:
-        raise UsageError("--model is required, e.g. --model r1-7b")
+    """Search engine parameters for the highest goodput that meets the SLOs and deploy the winner; exit 6 if none
+    does."""
     if resume is not None and not resume.is_dir():
         raise UsageError(f"--resume {resume}: no such run directory; give the directory an earlier tune printed")
-    inputs = tune_verb.TuneInputs(
-        model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
-        objective=objective, budget=budget, slots=slots, seed=seed, prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens, requests=requests, rate=rate, params=tuple(param or ()),
-        npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None)
-    tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
-    run_dir = resume if resume is not None else new_artifacts_dir("tune")
-    result = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}), progress=_progress)
+    if simulate:
+        if inventory is not None:
+            raise UsageError("--simulate reads no inventory: drop INVENTORY, or drop --simulate to tune the fleet")
+        if model is None:
+            raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
+        inputs = tune_verb.TuneInputs(
+            model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
+            objective=objective, budget=budget or 20, slots=slots, seed=seed, prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens, requests=requests or 100, rate=rate, params=tuple(param or ()),
+            npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None)
+        tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
+        run_dir = resume if resume is not None else new_artifacts_dir("tune")
+        result: Any = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
+                                    progress=_progress)
+    else:
+        if inventory is None:
+            raise UsageError("give the INVENTORY whose service to tune, or --simulate --model M for a what-if study")
+        if model is not None or npus != 1 or max_model_len is not None or slots != 1:
+            raise UsageError("--model, --npus, --max-model-len and --slots are --simulate's: the live tune reads "
+                             "them from the service, one slot per instance")
+        live = tune_live.LiveTuneInputs(
+            inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
+            objective=objective, budget=budget or 16, seed=seed, prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens, requests=requests or 60, rate=rate, params=tuple(param or ()),
+            min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
+            limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time)
+        tune_live.prepare(live)  # bad options and impossible SLOs refused before a run directory is made
+        run_dir = resume if resume is not None else new_artifacts_dir("tune")
+        context = app_context(ctx)
+        with TuneProgress() as progress:
+            result = tune_live.run(context.runner, context.prober,
+                                   tune_live.LiveTuneInputs(**{**vars(live), "run_dir": run_dir}), progress)
     code = int(result.exit_status)
     if as_json:
         ui.emit_json(["tune"], result.to_dict(), exit_code=code, errors=list(result.errors))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,7 +194,9 @@ def render(inputs: DeployInputs) -> RenderResult:
     return RenderResult(files=tuple(files))
 
 
-def deploy(runner: PlaybookRunner, inputs: DeployInputs, progress: ProgressSink = no_progress) -> DeployResult:
+def deploy(runner: PlaybookRunner, inputs: DeployInputs, progress: ProgressSink = no_progress, *,
+           stop: threading.Event | None = None) -> DeployResult:
+    """``stop`` (set from another thread) interrupts the run as Ctrl-C does (tune's trial slots)."""
     plan = prepare(inputs)
     tracker = RolloutTracker(plan)
 
@@ -204,7 +207,7 @@ def deploy(runner: PlaybookRunner, inputs: DeployInputs, progress: ProgressSink 
     try:
         run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=inputs.check, diff=inputs.diff,
                          extra_vars=inputs.extra_vars(plan), vault=inputs.vault, on_event=on_event,
-                         artifacts_dir=inputs.artifacts_dir)
+                         artifacts_dir=inputs.artifacts_dir, **({"stop": stop} if stop is not None else {}))
     except KeyboardInterrupt:  # the runner stopped ansible-playbook first
         raise tracker.interrupted() from None
     rows = []

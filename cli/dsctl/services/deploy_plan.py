@@ -16,7 +16,7 @@ from dsctl.core.serving import service
 from dsctl.core.serving.service import Instance, ServiceSpec
 from dsctl.errors import UsageError
 
-OVERRIDES_VAR = "dsctl_service_overrides"  # {service: {engine parameter: value}}
+OVERRIDES_VAR = "dsctl_service_overrides"  # {service: {engine parameter or parallel field: value}}
 ONLY_VAR = "dsctl_deploy_only"  # [instance name, ...]; unset: every instance
 FORCE_RESTART_VAR = "dsctl_deploy_force_restart"
 SERIAL_VAR = "dsctl_deploy_serial"
@@ -28,8 +28,13 @@ def apply_overrides(settings: HostSettings, overrides: Mapping[str, Mapping[str,
     ServiceError ("service chat: params.max_num_seqz: unknown vllm-ascend parameter; did you mean ...")."""
     services = []
     for spec in settings.services:
-        params = overrides.get(spec.name)
-        services.append(spec.with_params({**spec.params, **params}) if params else spec)
+        given = overrides.get(spec.name)
+        if not given:
+            services.append(spec)
+            continue
+        fields = {key: value for key, value in given.items() if key in service.PARALLEL_FIELDS}
+        params = {key: value for key, value in given.items() if key not in service.PARALLEL_FIELDS}
+        services.append(spec.with_params({**spec.params, **params}, fields))
     return settings.model_copy(update={"services": tuple(services)})
 
 

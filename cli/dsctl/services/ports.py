@@ -6,6 +6,7 @@ as they arrive, and the verbs' own records, whose ``event`` key starts with ``ds
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,8 +29,10 @@ class PlaybookRunner(Protocol):
     def run(self, playbook: str, inventory: Path, *, limit: str | None = None, check: bool = False,
             diff: bool = False, tags: str | None = None, forks: int | None = None,
             extra_vars: Mapping[str, Any] | None = None, vault: VaultOptions | None = None,
-            on_event: ProgressSink | None = None, artifacts_dir: Path | None = None) -> PlaybookRun:
-        """Run one of dsctl's playbooks to the end; KeyboardInterrupt stops it and is re-raised."""
+            on_event: ProgressSink | None = None, artifacts_dir: Path | None = None,
+            stop: threading.Event | None = None) -> PlaybookRun:
+        """Run one of dsctl's playbooks to the end; KeyboardInterrupt (or ``stop`` set, from another thread) stops
+        it and raises KeyboardInterrupt."""
         ...
 
 

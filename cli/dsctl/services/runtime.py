@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,12 @@ class AnsiblePlaybookRunner:
     def run(self, playbook: str, inventory: Path, *, limit: str | None = None, check: bool = False,
             diff: bool = False, tags: str | None = None, forks: int | None = None,
             extra_vars: Mapping[str, Any] | None = None, vault: VaultOptions | None = None,
-            on_event: ProgressSink | None = None, artifacts_dir: Path | None = None) -> ansible_run.PlaybookRun:
+            on_event: ProgressSink | None = None, artifacts_dir: Path | None = None,
+            stop: threading.Event | None = None) -> ansible_run.PlaybookRun:
         return ansible_run.run_playbook(playbook, inventory, limit=limit, check=check, diff=diff, tags=tags,
                                         forks=forks, extra_vars=dict(extra_vars) if extra_vars else None,
                                         vault=vault, on_event=on_event, artifacts_dir=artifacts_dir,
-                                        timeout=self.timeout)
+                                        timeout=self.timeout, stop=stop)
 
 
 async def _resolve_model(client: ProbeClient, model: str | None) -> str:

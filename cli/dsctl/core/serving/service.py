@@ -52,6 +52,8 @@ from dsctl.core.fleet.versions import compare_versions
 from dsctl.errors import DsctlError, ExitStatus
 
 SERVICES_VAR = "dsctl_services"
+# Service fields an override (deploy --param, tune's candidates) may set besides engine parameters.
+PARALLEL_FIELDS = ("tensor_parallel_size", "data_parallel_size")
 MANAGER_VAR = "dsctl_service_manager"
 VLLM_ASCEND_VAR = "dsctl_vllm_ascend_version"
 ENGINES = ("vllm-ascend", "mindie", "lab-engine")
@@ -554,12 +556,19 @@ class ServiceSpec(BaseModel):
     def readiness(self) -> dict[str, Any]:
         return READINESS[self.engine]
 
-    def with_params(self, params: Mapping[str, Any]) -> ServiceSpec:
-        """This service with other engine parameters, checked as the inventory's were (tune's candidates).
+    @property
+    def vllm_ascend(self) -> str | None:
+        """The host's vllm-ascend release this service was checked against (version gates), or None."""
+        return self._context.get("vllm_ascend")
+
+    def with_params(self, params: Mapping[str, Any], fields: Mapping[str, Any] | None = None) -> ServiceSpec:
+        """This service with other engine parameters (and parallel layout, `PARALLEL_FIELDS`), checked as the
+        inventory's were (tune's candidates).
 
         Raises `ServiceError` naming the parameter."""
         values = {name: getattr(self, name) for name in self.model_fields_set | {"manager", "venv"}}
         values["params"] = dict(params)
+        values.update(fields or {})
         try:
             return ServiceSpec.model_validate(values, context=self._context)
         except _Problem as problem:

@@ -1,0 +1,651 @@
+"""The tune verb, live: search a service's engine parameters on the fleet's own instances, and leave the winner.
+
+The recipe (dsctl.core.tune's, as ``--simulate`` runs it, with the fleet as the evaluator):
+
+1. Plan, no host touched: the inventory is read and validated once; the service's instances are the trial slots
+   (2 hosts x 2 instances = 4 candidates at once); the space is resolved against the service's engine and
+   vllm-ascend release, with ``--param`` overrides; an SLO that no configuration of one instance can meet is
+   refused with estimate's bound (exit 6).
+2. Baseline: ``dsctl deploy`` of the inventory's configuration for the service's instances (nothing restarts
+   when they already run it).  That is the pre-tune state every exit path returns to unless a winner replaces
+   it.  When the space has a lossy knob, the baseline's greedy outputs on `quality.PROMPTS` are kept.
+3. The search (`search.Search`, Optuna TPE with constraints, journal storage for ``--resume``): the baseline
+   configuration is the first trial; every candidate is checked against the space's dependencies and screened
+   with the roofline before any restart.  A trial on slot *i*: deploy the candidate to that one instance through
+   deploy's health gate (``--instance``, parameter overrides: the same templates as ``dsctl deploy``; a failed
+   start is rolled back by deploy and classified from its log lines), probe it (a short warm-up, then the
+   highest SLO-holding request rate, or ``--rate``; a probe stops as soon as the SLO is certainly missed), and
+   when it changes a lossy knob, compare its greedy outputs with the baseline's.  An engine that died under load
+   is classified from its log tail (``playbooks/service_log.yml``).  Deploys on one host are serialized (one
+   service manager per host); probes of all slots run at once.
+4. The end: every instance of the service runs the winner (or the baseline when nothing beat it), and a probe of
+   each at the winner's rate confirms it.  ``--write-back`` first writes the winner's parameters into the
+   inventory (`dsctl.adapters.writeback`), so that deploy, and any later one, reads it from there.
+5. Ctrl-C or SIGTERM at any point: the running trials are stopped (their playbooks interrupted, their probes
+   ended), then every instance is deployed back to the inventory's configuration; the study journal keeps what
+   was measured, for ``--resume``.
+
+What has only run on the lab: all of it (the lab's stand-in vllm is dsctl's emulated engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import posixpath
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsctl.adapters import completions, writeback
+from dsctl.adapters.ansible_run import PlaybookError
+from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.load.workload import LengthSpec
+from dsctl.core.perf import perfmodel
+from dsctl.core.tune import pareto, quality, rate_search, screens, search, slo
+from dsctl.core.tune import space as space_mod
+from dsctl.core.tune.pareto import TrialRecord
+from dsctl.core.tune.search import Candidate, Failure, Outcome
+from dsctl.errors import DsctlError, ExitStatus, UsageError
+from dsctl.services import deploy as deploy_verb
+from dsctl.services import probe as probe_verb
+from dsctl.services.deploy_plan import PlannedInstance, plan_deploy
+from dsctl.services.fleet import load_fleet
+from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
+from dsctl.services.tune import config_text
+
+STUDY = "dsctl-tune"
+JOURNAL, TRIALS, PLOT, RESULT = "study.journal", "trials.jsonl", "pareto.png", "result.json"
+MAX_BUDGET = 200  # restarts: each one is a real engine start on a real instance
+MAX_REQUESTS = 2000  # per probe
+# Rate search (req/s of one instance): first probe at START_RATE, doubling or halving, then bisection to
+# RATE_TOLERANCE; RATE_PROBES bounds the probes of one trial.
+MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.1, 512.0, 2.0, 0.15, 6
+PROBE_TIMEOUT_S = 120.0  # per request; a probe is bounded by its request count times this
+QUALITY_TOKENS = 64
+LOG_LINES = 40
+STOP_WAIT_S = 120.0  # after Ctrl-C: how long the running trials get to stop before the restore starts
+LOG_PLAYBOOK = "service_log.yml"
+LOG_FACT = "dsctl_service_log_tail"
+
+
+@dataclass(frozen=True)
+class LiveTuneInputs:
+    inventory: Path
+    slos: tuple[str, ...]  # --slo values
+    run_dir: Path
+    service: str | None = None  # default: the inventory's only service
+    space: str | None = None  # default: the engine's
+    objective: str = "goodput"
+    budget: int = 16  # restarts
+    seed: int = 0
+    prompt_tokens: str = "512"
+    output_tokens: str = "128"
+    requests: int = 60  # per probe
+    rate: float | None = None  # None: each candidate's highest SLO-holding rate
+    params: tuple[str, ...] = ()  # --param overrides of the space
+    min_agreement: float = quality.DEFAULT_MIN_AGREEMENT
+    warmup: int = 4  # requests before each trial's first probe
+    chip: str = "910B3"  # for the roofline screen: the fleet's chip (npu-smi's Name column)
+    write_back: bool = False
+    resume: bool = False
+    limit: str | None = None
+    vault: VaultOptions | None = None
+    max_time_s: float | None = None  # stop starting trials after this
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    planned: PlannedInstance
+
+    @property
+    def host(self) -> str:
+        return self.planned.host
+
+    @property
+    def name(self) -> str:
+        return self.planned.instance.name
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.planned.address}:{self.planned.instance.port}"
+
+
+@dataclass(frozen=True)
+class LivePlan:
+    service: str
+    engine: str
+    model: str  # served model name
+    slots: tuple[Slot, ...]
+    slos: tuple[slo.Slo, ...]
+    space: space_mod.SearchSpace
+    baseline: dict[str, Any]  # the baseline configuration, by knob
+    profile: str | None  # dsctl's model profile, for the roofline screen (None: not screened)
+    shortest_prompt: int
+    shortest_output: int
+    api_key: str | None = field(repr=False, default=None)
+    log_files: Mapping[str, str] = field(default_factory=dict)  # instance -> log path on its host
+
+
+@dataclass(frozen=True)
+class Verification:
+    host: str
+    instance: str
+    rate: float
+    met: bool
+    values: dict[str, float]
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class LiveTuneResult:
+    inputs: LiveTuneInputs
+    plan: LivePlan
+    trials: tuple[TrialRecord, ...]
+    best: TrialRecord | None
+    closest: TrialRecord | None
+    counts: dict[str, int]
+    stopped: str
+    deployed: str  # "winner" or "baseline"
+    deployed_params: dict[str, Any]
+    verification: tuple[Verification, ...]
+    written: tuple[str, ...]
+    trials_path: Path
+    plot_path: Path
+    wall_s: float
+    exit_status: ExitStatus
+    errors: tuple[str, ...]
+
+    def ranked(self) -> list[TrialRecord]:
+        evaluated = [t for t in self.trials if t.evaluated and t.duplicate_of is None]
+        return sorted(evaluated, key=lambda t: (not t.feasible, -(t.objective or 0.0) if t.feasible else 0.0,
+                                                t.failure in search.CRASHES,
+                                                t.margin if t.margin is not None else math.inf, t.number))
+
+    def to_dict(self) -> dict[str, Any]:
+        i, p = self.inputs, self.plan
+        return {
+            "mode": "live", "inventory": str(i.inventory), "service": p.service, "engine": p.engine,
+            "model": p.model, "space": p.space.name, "slots": [f"{s.host}/{s.name}" for s in p.slots],
+            "slos": [s.to_dict() for s in p.slos], "objective": i.objective, "budget": i.budget, "seed": i.seed,
+            "rate": i.rate, "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
+            "requests": i.requests, "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
+            "plot_path": str(self.plot_path), "counts": self.counts, "stopped": self.stopped,
+            "deployed": self.deployed, "deployed_params": self.deployed_params,
+            "verification": [v.to_dict() for v in self.verification], "written": list(self.written),
+            "wall_s": round(self.wall_s, 1),
+            "best": None if self.best is None else _jsonable(self.best),
+            "closest": None if self.closest is None else _jsonable(self.closest),
+            "notes": list(p.space.notes), "trials": [_jsonable(t) for t in self.ranked()],
+        }
+
+
+def _jsonable(record: TrialRecord) -> dict[str, Any]:
+    import json
+
+    return json.loads(record.to_json_line())
+
+
+# --------------------------------------------------------------------------- 1. the plan (no host contacted)
+
+
+def _check(inputs: LiveTuneInputs) -> None:
+    if not 1 <= inputs.budget <= MAX_BUDGET:
+        raise UsageError(f"--budget must be in 1..{MAX_BUDGET} restarts, got {inputs.budget}")
+    if not 1 <= inputs.requests <= MAX_REQUESTS:
+        raise UsageError(f"--requests must be in 1..{MAX_REQUESTS}, got {inputs.requests}")
+    if inputs.rate is not None and not 0 < inputs.rate <= MAX_RATE:
+        raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
+    if not 0 <= inputs.warmup <= 100:
+        raise UsageError(f"--warmup must be in 0..100 requests, got {inputs.warmup}")
+    if inputs.max_time_s is not None and not inputs.max_time_s > 0:
+        raise UsageError(f"--max-time must be a positive number of seconds, got {inputs.max_time_s:g}")
+
+
+def _profile(*names: str) -> str | None:
+    """dsctl's model profile for the service's model (its path's last component or served name), if any."""
+    for name in names:
+        for candidate in (name, posixpath.basename(name.rstrip("/"))):
+            try:
+                return perfmodel.model_by_name(candidate).name
+            except UsageError:
+                continue
+    return None
+
+
+def _shortest(text: str, option: str) -> int:
+    try:
+        spec = LengthSpec.parse(text, option)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return int(spec.a) if spec.kind in ("fixed", "uniform") else 1
+
+
+def prepare(inputs: LiveTuneInputs) -> LivePlan:
+    """Validate every input and the fleet, lay out the slots, resolve the space; refuse an impossible SLO."""
+    _check(inputs)
+    slos = slo.parse_slos(inputs.slos)
+    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
+    services = sorted({spec.name for settings in fleet.settings.values() for spec in settings.services})
+    if inputs.service is None:
+        if len(services) != 1:
+            raise UsageError(f"--service: the inventory runs {', '.join(services) or 'no service'}; name the one "
+                             "to tune" if services else "--service: the inventory declares no dsctl_services")
+        name = services[0]
+    elif inputs.service not in services:
+        raise UsageError(f"--service {inputs.service}: no such service in dsctl_services (known: "
+                         f"{', '.join(services) or 'none'})")
+    else:
+        name = inputs.service
+    plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings}, instances=(name,))
+    if not plan.instances:
+        raise UsageError(f"--service {name}: no instance of it on the hosts chosen (--limit)")
+    spec = plan.instances[0].spec
+    differing = [p.host for p in plan.instances if p.spec.params != spec.params or p.spec.engine != spec.engine
+                 or p.spec.npus_per_instance != spec.npus_per_instance]
+    if differing:
+        raise UsageError(f"--service {name}: host {differing[0]} defines it differently from "
+                         f"{plan.instances[0].host} (engine, params or NPUs); tune a group of hosts that share one "
+                         "definition with --limit")
+    space_name = inputs.space or space_mod.default_space(spec.engine)
+    space = space_mod.resolve_space(space_name, vllm_ascend=spec.vllm_ascend,
+                                    npus_per_instance=spec.npus_per_instance, params=spec.params,
+                                    overrides=inputs.params)
+    if space.engine != spec.engine:
+        raise UsageError(f"--space {space_name}: it tunes {space.engine}, but service {name} runs {spec.engine}")
+    shortest_prompt = _shortest(inputs.prompt_tokens, "--prompt-tokens")
+    shortest_output = _shortest(inputs.output_tokens, "--output-tokens")
+    profile = _profile(spec.model, spec.served_model_name or "")
+    try:
+        perfmodel.chip_by_name(inputs.chip)
+    except UsageError as exc:
+        raise UsageError(f"--chip: {exc}") from None
+    if profile is not None:
+        reason = screens.impossible(chip=inputs.chip, model=profile, prompt_tokens=shortest_prompt,
+                                    output_tokens=shortest_output, slos=slos,
+                                    npus_per_instance=spec.npus_per_instance)
+        if reason:
+            raise DsctlError(f"no configuration of {profile} on {spec.npus_per_instance} x {inputs.chip} can meet "
+                             f"{', '.join(s.label for s in slos)} for {shortest_prompt}-token prompts: {reason}",
+                             ExitStatus.SLO_NOT_MET)
+    baseline = space.baseline(spec.params, {"tensor_parallel_size": spec.tensor_parallel_size})
+    slots = tuple(Slot(index, planned) for index, planned in enumerate(plan.instances))
+    logs = {}
+    for planned in plan.instances:
+        log_dir = plan.settings[planned.host].dsctl_service_log_dir
+        logs[planned.instance.name] = posixpath.join(log_dir, f"{planned.instance.name}.log")
+    api_key = spec.api_key.get_secret_value() if getattr(spec, "api_key", None) is not None else None
+    return LivePlan(service=name, engine=spec.engine, model=spec.served_model_name or spec.model, slots=slots,
+                    slos=slos, space=space, baseline=baseline, profile=profile, shortest_prompt=shortest_prompt,
+                    shortest_output=shortest_output, api_key=api_key, log_files=logs)
+
+
+# --------------------------------------------------------------------------- 2-5. the run
+
+
+class _Trials:
+    """The running trials, so an interrupt can stop them and wait (bounded) until they have."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self._running = 0
+        self._idle = threading.Condition()
+
+    def __enter__(self) -> _Trials:
+        with self._idle:
+            self._running += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._idle:
+            self._running -= 1
+            self._idle.notify_all()
+
+    def stop_and_wait(self, timeout: float) -> bool:
+        self.stop.set()
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout=timeout)
+
+
+class _Stopped(Exception):
+    """A trial ended because the tune is being interrupted."""
+
+
+def _first_line(lines: list[str] | tuple[str, ...]) -> str:
+    return next((line for line in lines if line.strip()), "")
+
+
+class LiveTune:
+    """One live tune: the evaluator on the fleet's slots, the baseline, the end and the restore."""
+
+    def __init__(self, runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs, plan: LivePlan,
+                 progress: ProgressSink):
+        self.runner, self.prober, self.inputs, self.plan, self.progress = runner, prober, inputs, plan, progress
+        self.trials = _Trials()
+        self.host_locks = {slot.host: threading.Lock() for slot in plan.slots}
+        self.baseline_outputs: list[str] | None = None
+        self.bounds = slo.goodput_bounds_ms(plan.slos)
+        stats = {s.statistic for s in plan.slos if s.statistic is not None}
+        # The probe's early stop judges one statistic for all its bounds: only when the SLOs share one.
+        self.early_stat = next(iter(stats)) if len(stats) == 1 else None
+
+    # ------------------------------------------------------------------ edges
+
+    def _note(self, msg: str) -> None:
+        self.progress({"event": "dsctl_note", "msg": msg})
+
+    def _stage(self, slot: Slot, number: int | None, stage: str) -> None:
+        self.progress({"event": "dsctl_tune_slot", "slot": slot.index, "host": slot.host, "instance": slot.name,
+                       "trial": number, "stage": stage})
+
+    def deploy(self, overrides: Mapping[str, Any] | None, *, only: Slot | None = None, artifacts: str,
+               stop: threading.Event | None = None) -> deploy_verb.DeployResult:
+        inputs = deploy_verb.DeployInputs(
+            inventory=self.inputs.inventory, limit=only.host if only is not None else self.inputs.limit,
+            instances=(only.name,) if only is not None else (self.plan.service,),
+            overrides={self.plan.service: dict(overrides)} if overrides else {}, vault=self.inputs.vault,
+            artifacts_dir=self.inputs.run_dir / "runs" / artifacts)
+        return deploy_verb.deploy(self.runner, inputs, stop=stop)
+
+    def log_tail(self, slot: Slot) -> list[str]:
+        try:
+            run = self.runner.run(LOG_PLAYBOOK, self.inputs.inventory, limit=slot.host, vault=self.inputs.vault,
+                                  extra_vars={"service_log_path": self.plan.log_files[slot.name],
+                                              "service_log_lines": LOG_LINES},
+                                  artifacts_dir=self.inputs.run_dir / "runs" / f"log-{slot.name}-{time.time():.0f}",
+                                  stop=self.trials.stop)
+        except (PlaybookError, KeyboardInterrupt):
+            return []
+        outcome = run.hosts.get(slot.host)
+        return [str(line) for line in (outcome.facts.get(LOG_FACT) if outcome is not None else None) or []]
+
+    def probe(self, slot: Slot, rate: float, *, warmup: int, seed: int) -> probe_verb.ProbeResult:
+        stop = self.trials.stop
+        cfg = probe_verb.ProbeConfig(
+            url=slot.url, model=self.plan.model, rate=rate, requests=self.inputs.requests, warmup=warmup,
+            prompt_tokens=self.inputs.prompt_tokens, output_tokens=self.inputs.output_tokens,
+            goodput=tuple(f"{k}:{v:g}" for k, v in self.bounds.items()),
+            slo_stat=self.early_stat or "p99", early_stop=bool(self.bounds) and self.early_stat is not None,
+            timeout=PROBE_TIMEOUT_S, api_key=self.plan.api_key, seed=seed,
+            max_error_rate=1.0)  # failures are judged by the SLO (error_rate) and the crash check, not here
+
+        class _Stopping:  # ends the probe early when the tune is interrupted
+            def probe(_, target, **kwargs):
+                on_finish = kwargs.pop("on_finish")
+
+                def finish(record):
+                    return "the tune is being interrupted" if stop.is_set() else on_finish(record)
+
+                return self.prober.probe(target, on_finish=finish, **kwargs)
+
+        return probe_verb.probe(_Stopping(), cfg)
+
+    # ------------------------------------------------------------------ one trial
+
+    def evaluate(self, candidate: Candidate) -> Outcome:
+        slot = self.plan.slots[candidate.slot]
+        with self.trials:
+            try:
+                return self._evaluate(slot, candidate)
+            except _Stopped:
+                return Outcome(failure=Failure.ERROR, detail="interrupted")
+
+    def _evaluate(self, slot: Slot, candidate: Candidate) -> Outcome:
+        overrides = {**candidate.params, **candidate.fields}
+        where = {"host": slot.host, "instance": slot.name}
+        self._stage(slot, candidate.number, "waiting for the host" if self.host_locks[slot.host].locked()
+                    else "deploying")
+        with self.host_locks[slot.host]:
+            if self.trials.stop.is_set():
+                raise _Stopped
+            self._stage(slot, candidate.number, "deploying")
+            try:
+                result = self.deploy(overrides, only=slot, artifacts=f"trial-{candidate.number:04d}",
+                                     stop=self.trials.stop)
+            except deploy_verb.DeployInterrupted:
+                raise _Stopped from None
+            except PlaybookError as exc:
+                return Outcome(failure=Failure.ERROR, detail=str(exc), data=where)
+        if self.trials.stop.is_set():
+            raise _Stopped
+        if result.exit_status != ExitStatus.OK:
+            text = "\n".join(result.errors)
+            failure = search.classify_failure(text)
+            reason = _first_line(result.errors)
+            return Outcome(failure=failure, detail=reason, data={**where, "log_tail": text[-2000:]})
+        outcome = self._measure(slot, candidate)
+        if outcome.failure is None and candidate.needs_quality:
+            self._stage(slot, candidate.number, "quality check")
+            try:
+                outputs = completions.greedy_outputs(slot.url, self.plan.model, list(quality.PROMPTS),
+                                                     max_tokens=QUALITY_TOKENS, api_key=self.plan.api_key)
+            except DsctlError as exc:
+                return dataclasses.replace(outcome, failure=Failure.ERROR, detail=f"quality check: {exc}")
+            agreement = quality.agreement(self.baseline_outputs or [], outputs, unit="char").value \
+                if self.baseline_outputs else None
+            outcome = dataclasses.replace(outcome, agreement=agreement)
+        return dataclasses.replace(outcome, data={**where, **dict(outcome.data)})
+
+    def _died(self, slot: Slot, result: probe_verb.ProbeResult) -> Outcome | None:
+        """A probe with failed connections: if the engine died, its log says why (a crash, not an SLO miss)."""
+        by_class = result.data["metrics"]["errors"]["by_class"]
+        if not any(by_class.get(kind) for kind in ("connection", "http_5xx", "truncated", "protocol")):
+            return None
+        tail = self.log_tail(slot)
+        failure = search.classify_failure("\n".join(tail))
+        if failure == Failure.ERROR:
+            return None  # nothing in the log names a crash: the failures count against the SLO
+        line = next((line for line in reversed(tail) if search.classify_failure(line) == failure), tail[-1])
+        return Outcome(metrics=result.data["metrics"], failure=failure, detail=f"died under load: {line.strip()}",
+                       data={"log_tail": "\n".join(tail)})
+
+    def _measure(self, slot: Slot, candidate: Candidate) -> Outcome:
+        crashed: list[Outcome] = []
+        probes = 0
+
+        def one(rate: float) -> Mapping[str, Any]:
+            nonlocal probes
+            if self.trials.stop.is_set():
+                raise _Stopped
+            self._stage(slot, candidate.number, f"probing at {rate:.3g} req/s")
+            result = self.probe(slot, rate, warmup=self.inputs.warmup if probes == 0 else 0,
+                                seed=self.inputs.seed + 1000 * candidate.number + probes)
+            probes += 1
+            if self.trials.stop.is_set():
+                raise _Stopped
+            metrics = dict(result.data["metrics"])
+            died = self._died(slot, result)
+            if died is not None:
+                crashed.append(died)
+                return {**metrics, "completed": 0}  # it holds nothing at a rate that kills it
+            early = (result.data.get("slo") or {}).get("early_stopped")
+            if early and slo.judge(self.plan.slos, metrics).met:
+                return {**metrics, "completed": 0}  # stopped because the miss was certain: a miss
+            return metrics
+
+        if self.inputs.rate is not None:
+            metrics = one(self.inputs.rate)
+            if crashed:
+                return dataclasses.replace(crashed[-1], rate=self.inputs.rate)
+            return Outcome(metrics=metrics, rate=self.inputs.rate)
+        found = rate_search.search_rate(one, self.plan.slos, start=START_RATE, min_rate=MIN_RATE, max_rate=MAX_RATE,
+                                        max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE, repeats=1)
+        outcome = rate_search.to_outcome(found)
+        if crashed and found.rate is None:
+            return dataclasses.replace(crashed[-1], data={**dict(crashed[-1].data), **dict(outcome.data)})
+        if crashed:  # held at a lower rate, died above it: the winner's rate is below the one that killed it
+            outcome = dataclasses.replace(outcome, data={**dict(outcome.data), "died_above": crashed[-1].detail})
+        return outcome
+
+    # ------------------------------------------------------------------ the whole run
+
+    def baseline(self) -> None:
+        self._note(f"deploying the inventory's configuration of {self.plan.service} (the baseline) to "
+                   f"{len(self.plan.slots)} instance(s)")
+        result = self.deploy(None, artifacts="baseline")
+        if result.exit_status != ExitStatus.OK:
+            raise DsctlError(f"the baseline deploy failed, nothing was tuned: {_first_line(result.errors)}; "
+                             "fix the service and run dsctl deploy first", result.exit_status)
+        if self.plan.space.lossy:
+            first = self.plan.slots[0]
+            self._note(f"recording the baseline's greedy outputs on {len(quality.PROMPTS)} prompts ({first.name} "
+                       f"on {first.host}) for the quality guard")
+            self.baseline_outputs = completions.greedy_outputs(first.url, self.plan.model, list(quality.PROMPTS),
+                                                               max_tokens=QUALITY_TOKENS, api_key=self.plan.api_key)
+
+    def restore(self) -> deploy_verb.DeployResult:
+        self._note(f"restoring every instance of {self.plan.service} to the inventory's configuration")
+        return self.deploy(None, artifacts=f"restore-{time.time():.0f}")
+
+    def verify(self, rate: float) -> tuple[Verification, ...]:
+        import concurrent.futures
+
+        def check(slot: Slot) -> Verification:
+            self._stage(slot, None, f"confirming at {rate:.3g} req/s")
+            result = self.probe(slot, rate, warmup=self.inputs.warmup, seed=self.inputs.seed + 7)
+            verdict = slo.judge(self.plan.slos, result.data["metrics"])
+            self._stage(slot, None, "confirmed" if verdict.met else "missed")
+            return Verification(slot.host, slot.name, rate, verdict.met, verdict.values(), verdict.line)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.plan.slots)) as pool:
+            return tuple(pool.map(check, self.plan.slots))
+
+
+def _status(record: TrialRecord) -> str:
+    return "feasible" if record.feasible else (record.failure or "running")
+
+
+def _same_config(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return set(a) == set(b) and all(
+        math.isclose(a[k], b[k]) if isinstance(a[k], float) or isinstance(b[k], float) else a[k] == b[k] for k in a)
+
+
+def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
+        progress: ProgressSink = no_progress) -> LiveTuneResult:
+    started = time.monotonic()
+    plan = prepare(inputs)
+    journal = inputs.run_dir / JOURNAL
+    if inputs.resume and not journal.is_file():
+        raise UsageError(f"--resume {inputs.run_dir}: no {JOURNAL} there; give the run directory of an earlier tune")
+    inputs.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tune = LiveTune(runner, prober, inputs, plan, progress)
+    tune._note(f"tuning {plan.service} ({plan.engine}, space {plan.space.name}: {', '.join(plan.space.names)}) for "
+               f"{', '.join(s.label for s in plan.slos)} on {len(plan.slots)} trial slot(s): "
+               f"{', '.join(f'{s.name}@{s.host}' for s in plan.slots)}; budget {inputs.budget} restarts; "
+               f"run directory {inputs.run_dir}")
+    if plan.profile is None:
+        tune._note(f"no dsctl model profile matches {plan.model}: candidates are not screened by the roofline")
+    best: list[TrialRecord] = []
+
+    def on_event(phase: str, record: TrialRecord) -> None:
+        if phase == "told" and record.feasible and record.evaluated and (
+                not best or (record.objective or 0.0) > (best[0].objective or 0.0)):
+            best[:] = [record]
+        counts = search.count(driver.result().trials) if phase == "told" else {}
+        slot = plan.slots[record.slot] if 0 <= record.slot < len(plan.slots) else None
+        progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
+                  "status": _status(record) if phase == "told" else "running", "objective": record.objective,
+                  "rate": record.rate, "detail": record.detail, "evaluated": counts.get("evaluated"),
+                  "crashed": counts.get("crashed"), "feasible": counts.get("feasible"), "budget": inputs.budget,
+                  "best": best[0].objective if best else None, "slot": record.slot,
+                  "host": slot.host if slot else None, "instance": slot.name if slot else None})
+        if phase == "told" and slot is not None:
+            tune._stage(slot, None, f"trial {record.number}: {_status(record)}")
+
+    screen = None
+    if plan.profile is not None:
+        screen = screens.roofline_screen(chip=inputs.chip, model=plan.profile, prompt_tokens=plan.shortest_prompt,
+                                         output_tokens=plan.shortest_output, slos=plan.slos,
+                                         npus_per_instance=plan.space.npus_per_instance or 1)
+    try:
+        tune.baseline()
+        driver = search.Search(
+            plan.space, plan.slos, tune.evaluate,
+            search.SearchSettings(budget=inputs.budget, slots=len(plan.slots), seed=inputs.seed,
+                                  objective=inputs.objective, min_agreement=inputs.min_agreement,
+                                  npus_per_instance=plan.space.npus_per_instance or 1, max_wall_s=inputs.max_time_s),
+            storage=search.journal_storage(journal), study_name=STUDY, resume=inputs.resume, screen=screen,
+            baseline=plan.baseline, context={"simulated": False, "service": plan.service, "engine": plan.engine,
+                                             "model": plan.model, "chip": inputs.chip},
+            on_event=on_event)
+        found = driver.run()
+    except KeyboardInterrupt:
+        stopped_in_time = tune.trials.stop_and_wait(STOP_WAIT_S)
+        try:
+            restored = tune.restore()
+        except KeyboardInterrupt:
+            raise DsctlError("interrupted again while restoring; run dsctl deploy on the inventory to put every "
+                             "instance back on its configuration", ExitStatus.INTERRUPTED) from None
+        state = "restored to the inventory's configuration" if restored.exit_status == ExitStatus.OK else \
+            f"NOT all restored ({_first_line(restored.errors)}); run dsctl deploy on the inventory"
+        late = "" if stopped_in_time else f" (some trials did not stop within {STOP_WAIT_S:g} s)"
+        raise DsctlError(f"tune interrupted{late}; every instance of {plan.service} {state}; continue with "
+                         f"dsctl tune --resume {inputs.run_dir}", ExitStatus.INTERRUPTED) from None
+    return _finish(tune, found, started)
+
+
+def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> LiveTuneResult:
+    inputs, plan = tune.inputs, tune.plan
+    winner = found.best
+    baseline_params = plan.space.params(plan.baseline) if plan.baseline else {}
+    winner_params = {} if winner is None else {**winner.params, **winner.fields}
+    is_baseline = winner is None or _same_config(winner_params, {**baseline_params, **plan.space.fields(
+        plan.baseline)})
+    written: tuple[str, ...] = ()
+    errors: list[str] = []
+    if winner is not None and not is_baseline and inputs.write_back:
+        done = writeback.write_back(inputs.inventory, plan.service, winner.params, fields=winner.fields)
+        written = tuple(str(path) for path in done.written)
+        tune._note(f"wrote the winner into {', '.join(written) or 'the inventory (it already held it)'}")
+    overrides = None if winner is None or is_baseline or inputs.write_back else winner_params
+    label = "the baseline (nothing beat it)" if is_baseline else f"trial {winner.number}'s configuration"
+    tune._note(f"deploying {label} to every instance of {plan.service}")
+    final = tune.deploy(overrides, artifacts="final")
+    if final.exit_status != ExitStatus.OK:
+        errors.append(f"the final deploy failed: {_first_line(final.errors)}")
+    verification: tuple[Verification, ...] = ()
+    rate = winner.rate if winner is not None and winner.rate is not None else inputs.rate
+    if winner is not None and rate and final.exit_status == ExitStatus.OK:
+        verification = tune.verify(rate)
+        errors += [f"{v.instance} on {v.host} missed the SLO on the confirming probe at {v.rate:.3g} req/s: {v.detail}"
+                   for v in verification if not v.met]
+    trials_path = pareto.write_trials(found.trials, inputs.run_dir / TRIALS)
+    first = plan.slos[0]
+    plot_path = pareto.plot(found.trials, inputs.run_dir / PLOT, winner=winner, slo_key=first.key,
+                            slo_bound=first.bound if first.statistic is not None else None,
+                            title=f"dsctl tune {plan.service} ({plan.model}), {len(plan.slots)} slots")
+    status = ExitStatus.OK
+    if winner is None:
+        status = ExitStatus.SLO_NOT_MET
+        errors.insert(0, _nothing_met(found))
+    elif errors:
+        status = ExitStatus.SLO_NOT_MET if final.exit_status == ExitStatus.OK else final.exit_status
+    result = LiveTuneResult(inputs=inputs, plan=plan, trials=tuple(found.trials), best=winner, closest=found.closest,
+                            counts=found.counts, stopped=found.stopped,
+                            deployed="baseline" if is_baseline else "winner",
+                            deployed_params=baseline_params if is_baseline else winner_params,
+                            verification=verification, written=written, trials_path=trials_path,
+                            plot_path=plot_path, wall_s=time.monotonic() - started, exit_status=status,
+                            errors=tuple(errors))
+    import json
+
+    (inputs.run_dir / RESULT).write_text(json.dumps(result.to_dict(), indent=1, default=str) + "\n")
+    return result
+
+
+def _nothing_met(result: search.SearchResult) -> str:
+    closest, counts = result.closest, result.counts
+    if closest is None:
+        crashes = ", ".join(f"{counts[f.value]} {f.value}" for f in search.CRASHES if counts[f.value])
+        return (f"no configuration met the SLO: all {counts['evaluated']} evaluated crashed ({crashes or 'none'}); "
+                "the instances run the inventory's configuration again; narrow the space with --param")
+    at = f" at {closest.rate:.3g} req/s" if closest.rate is not None else ""
+    return (f"no configuration met the SLO; closest: trial {closest.number} ({config_text(closest)}){at}, "
+            f"binding {closest.binding}: {closest.detail}; the instances run the inventory's configuration again")
