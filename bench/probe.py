@@ -129,13 +129,14 @@ def main() -> int:
     def wall(perf: float) -> float:  # perf_counter -> time.time(), interpolating any drift between the clocks
         return perf + off0 + (off1 - off0) * (perf - t0) / max(t1 - t0, 1e-9)
 
-    diff_all, diff_steady, upstream, downstream = [], [], [], []
+    diff_all, diff_steady, upstream, downstream, upstream_all = [], [], [], [], []
     for i, rec in enumerate(records):
         item = engine.get(rec.request_id)
         if not rec.success or item is None:
             continue
         diff = rec.ttft * 1e3 - (item["first_token_time"] - item["arrival"]) * 1e3
         diff_all.append(diff)
+        upstream_all.append((item["arrival"] - wall(rec.sent)) * 1e3)
         if i >= args.streams:
             diff_steady.append(diff)
             upstream.append((item["arrival"] - wall(rec.sent)) * 1e3)
@@ -153,6 +154,7 @@ def main() -> int:
         print("no request matched the engine's record")
         return 1
     print(f"client TTFT - engine TTFT, all requests:         {stats(diff_all)}")
+    print(f"  request sent -> engine arrival (all):          {stats(upstream_all)}")
     print(f"client TTFT - engine TTFT, steady state:         {stats(diff_steady)}")
     print(f"  request sent -> engine arrival (steady):       {stats(upstream)}")
     print(f"  engine first token -> probe socket (steady):   {stats(downstream)}")

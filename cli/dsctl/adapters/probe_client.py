@@ -19,8 +19,9 @@ echo and log; some OpenAI-compatible servers reject a value that is not a UUID w
 renamed or left out (``request_id_header``); the first message's ``id`` is kept too, so a request can be matched
 to a server record that was keyed by the server's own id.
 
-Generated text is kept only when asked (``keep_text``: ``--save-text``, ``--tokenizer``): then each text-bearing
-message is parsed as JSON, which the default hot path avoids.
+Generated text is kept only when asked (``keep_text``: ``--save-text``, ``--tokenizer``): the hot path then keeps
+a reference to each text-bearing message's bytes, and the text is parsed out of them once the run has ended
+(`ProbeRun.run`), so keeping it costs the measurement no JSON parsing.
 
 A stream that ends without ``data: [DONE]`` is a failure (``truncated``), not a success: what was cut off is
 unknown.
@@ -451,7 +452,7 @@ class _Conn(asyncio.Protocol):
                 if _TEXT.search(payload, match.end()) is not None:
                     rec.text_chunks += 1  # type: ignore[union-attr]
                     if rec.text_parts is not None:  # type: ignore[union-attr]
-                        rec.text_parts.append(_generated_text(payload))  # type: ignore[union-attr]
+                        rec.text_parts.append(payload)  # type: ignore[union-attr]  # bytes until the run ends
                 if _USAGE_OBJECT.search(payload) is not None:
                     self._usage(payload, now)
             elif payload.strip() == b"[DONE]":
@@ -985,6 +986,9 @@ class ProbeRun:
                     rec.end = now
         ended = [r.end for r in records if not math.isnan(r.end)]
         end = time.perf_counter() if self.stopped or backstop_hit or not ended else max(ended)
+        for rec in (*warm, *records):  # the kept messages' bytes -> their text, off the measurement
+            if rec.text_parts:
+                rec.text_parts = [_generated_text(p) if isinstance(p, bytes) else p for p in rec.text_parts]
         # vLLM's duration runs from the start of the schedule to the end of the last request
         return RunResult(records=records, warmup=warm, duration=max(0.0, end - start), started_wall=wall0,
                          perf_to_wall=wall0 - perf0, perf_to_wall_end=time.time() - time.perf_counter(),

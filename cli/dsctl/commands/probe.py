@@ -159,7 +159,8 @@ def run(
     duration: Annotated[float | None, typer.Option("--duration", help="Stop sending after S seconds.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Requests sent first and left out of every metric.")] = 0,
     prompt_tokens: Annotated[str, typer.Option(
-        "--prompt-tokens", help="N, uniform:LO:HI or normal:MEAN:STD (about one token per word).")] = "512",
+        "--prompt-tokens", help="N, uniform:LO:HI or normal:MEAN:STD: exact by the engine's rule, or by --tokenizer.")
+    ] = "512",
     output_tokens: Annotated[str, typer.Option(
         "--output-tokens", help="max_tokens: N, uniform:LO:HI or normal:MEAN:STD.")] = "128",
     prompts: Annotated[Path | None, typer.Option(

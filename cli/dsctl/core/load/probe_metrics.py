@@ -78,7 +78,9 @@ class RequestRecord:
     end: float = math.nan  # when the response ended (stream closed, [DONE], or failure)
     cancelled: bool = False  # stopped by the probe itself (early stop); neither success nor failure
     response_id: str | None = None  # the "id" of the first choice-bearing message (cmpl-..., chatcmpl-...)
-    text_parts: list[str] | None = None  # the generated text, piece by piece, when the client was asked to keep it
+    # the generated text, piece by piece, when the client was asked to keep it (the client holds each message's raw
+    # bytes while the run lasts and turns them into text when it ends)
+    text_parts: list[str] | None = None
     tokenized_output: int | None = None  # the generated text re-tokenised (``--tokenizer``), when there was no usage
 
     @property

@@ -10,7 +10,7 @@ GuideLLM's ``--rate-type sweep`` (vllm-project/guidellm, ``benchmark/profiles.py
 throughput run, then constant rates spaced evenly between the two) measures the same curve; dsctl takes the levels
 from the user instead, so a sweep is reproducible without a calibration phase.
 
-The knee: the highest level after which latency rises faster than throughput. For consecutive levels i, i+1 with
+The knee: the level after which latency first rises faster than throughput. For consecutive levels i, i+1 with
 measured request throughput T and median E2EL L (the whole request: queueing, prefill and decode), the step's
 latency growth is L[i+1] / L[i] - 1 and its throughput growth T[i+1] / T[i] - 1; the knee is level i of the first
 step whose latency growth exceeds its throughput growth (the elasticity d ln L / d ln T is above 1: past it, each
