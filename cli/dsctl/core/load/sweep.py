@@ -6,9 +6,11 @@ even spacing would spend most levels past the saturation point. Concurrency leve
 and repeats dropped. ``rate=1,4,8`` (a list) gives the levels as they are. At most ``MAX_LEVELS`` levels: each
 level is a full probe (its --requests or --duration), so a sweep is bounded by MAX_LEVELS times one probe.
 
-GuideLLM's ``--rate-type sweep`` (vllm-project/guidellm, ``benchmark/profiles.py``: a synchronous run, a
-throughput run, then constant rates spaced evenly between the two) measures the same curve; dsctl takes the levels
-from the user instead, so a sweep is reproducible without a calibration phase.
+GuideLLM's ``--rate-type sweep`` (vllm-project/guidellm, ``src/guidellm/benchmark/profiles.py::SweepProfile``: a
+synchronous run, a throughput run, then ``sweep_size - 2`` constant rates from ``np.linspace`` between the two
+measured rates) measures the same curve; dsctl takes the levels from the user instead, so a sweep is reproducible
+without its two calibration runs. GuideLLM reports the curve and leaves reading it to the user; the knee below is
+dsctl's own definition.
 
 The knee: the level after which latency first rises faster than throughput. For consecutive levels i, i+1 with
 measured request throughput T and median E2EL L (the whole request: queueing, prefill and decode), the step's
