@@ -541,3 +541,15 @@ def test_prompts_are_exactly_the_planned_tokens_by_the_engines_own_count(engine)
     # the records hold the engine's usage.prompt_tokens; open-loop records are in request order
     assert [r.prompt_tokens for r in result.result.records] == [planned.request(i).prompt_tokens for i in range(30)]
     assert result.data["config"]["prompt_tokens_counted_by"] == "engine rule"
+
+
+def test_a_sweep_exits_with_its_first_failing_levels_status_and_names_the_level(tmp_path):
+    with server_in_thread(ends_without_done) as server:
+        result = probe_verb(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{server.port}", model="m",
+                                                      sweep="concurrency=1:2:2", requests=2, timeout=20,
+                                                      run_dir=tmp_path))
+    assert result.exit_status == ExitStatus.ERROR
+    assert result.errors[0].startswith("concurrency 1: every request to http://127.0.0.1:")
+    rows = result.data["sweep"]["rows"]
+    assert [r["exit_status"] for r in rows] == [1, 1] and all(r["completed"] == 0 for r in rows)
+    assert result.data["sweep"]["knee"]["level"] is None and (tmp_path / "sweep.png").is_file()
