@@ -3,7 +3,7 @@
 Starts ``python -m dsctl.engine serve --record FILE`` on 127.0.0.1, runs the probe in this process (a closed loop
 of 256 streams), matches the probe's requests with the engine's record by request id (x-request-id), and prints:
 
-* client TTFT - engine TTFT (the engine's: first_token_time - arrival, its own clock) in ms, median and p90, over
+* client TTFT - engine TTFT (the engine's: first_token_time - arrival, its own clock) in ms, median, p90 and p99, over
   all matched requests and over the steady state (after the first wave of 256, which all arrive at once);
 * where the difference arises, on the shared wall clock: request sent -> engine arrival, and engine first token
   -> first bytes in the probe's socket (the kernel's receive timestamp);
@@ -77,7 +77,8 @@ def stats(values: list[float]) -> str:
     data = sorted(values)
     if not data:
         return "no samples"
-    return f"median {percentile(data, 50):.3f} ms, p90 {percentile(data, 90):.3f} ms (n={len(data)})"
+    return (f"median {percentile(data, 50):.3f} ms, p90 {percentile(data, 90):.3f} ms, "
+            f"p99 {percentile(data, 99):.3f} ms (n={len(data)})")
 
 
 def main() -> int:
@@ -128,13 +129,14 @@ def main() -> int:
     def wall(perf: float) -> float:  # perf_counter -> time.time(), interpolating any drift between the clocks
         return perf + off0 + (off1 - off0) * (perf - t0) / max(t1 - t0, 1e-9)
 
-    diff_all, diff_steady, upstream, downstream = [], [], [], []
+    diff_all, diff_steady, upstream, downstream, upstream_all = [], [], [], [], []
     for i, rec in enumerate(records):
         item = engine.get(rec.request_id)
         if not rec.success or item is None:
             continue
         diff = rec.ttft * 1e3 - (item["first_token_time"] - item["arrival"]) * 1e3
         diff_all.append(diff)
+        upstream_all.append((item["arrival"] - wall(rec.sent)) * 1e3)
         if i >= args.streams:
             diff_steady.append(diff)
             upstream.append((item["arrival"] - wall(rec.sent)) * 1e3)
@@ -152,13 +154,18 @@ def main() -> int:
         print("no request matched the engine's record")
         return 1
     print(f"client TTFT - engine TTFT, all requests:         {stats(diff_all)}")
+    print(f"  request sent -> engine arrival (all):          {stats(upstream_all)}")
     print(f"client TTFT - engine TTFT, steady state:         {stats(diff_steady)}")
     print(f"  request sent -> engine arrival (steady):       {stats(upstream)}")
     print(f"  engine first token -> probe socket (steady):   {stats(downstream)}")
     print(f"  probe's own lag, socket -> event loop:         {stats([x * 1e3 for x in lags])} "
           f"(not in TTFT: kernel timestamps)")
     print(f"probe CPU: {cpu:.2f} s = {cpu / max(tokens, 1) * 1e6:.1f} us per streamed token, "
-          f"{cpu / max(messages, 1) * 1e6:.1f} us per SSE message")
+          f"{cpu / max(messages, 1) * 1e6:.1f} us per SSE message; peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    data = sorted(diff_all)
+    print(f"summary at {args.streams} streams: client-minus-engine TTFT median {percentile(data, 50):.2f} ms, "
+          f"p99 {percentile(data, 99):.2f} ms; {cpu / max(tokens, 1) * 1e6:.0f} us of probe CPU per streamed token")
     return 0
 
 

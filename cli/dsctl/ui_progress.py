@@ -254,6 +254,9 @@ class ProbeProgress:
         kind = event.get("event")
         if kind == "dsctl_note" and self.notes:
             self.console.print(f"[dim]•[/dim] {escape(str(event.get('msg', '')))}", highlight=False)
+        elif kind == "dsctl_probe_start" and self.bar_enabled and self._bar is not None:  # the next sweep level
+            self.failed = 0
+            self._bar.reset(self._task, total=event.get("total"), failed=0)  # type: ignore[arg-type]
         elif kind == "dsctl_probe_start" and self.bar_enabled and self._bar is None:
             from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 

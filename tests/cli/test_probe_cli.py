@@ -56,6 +56,14 @@ def one_error_line(err: str) -> str:
     (["http://127.0.0.1:9", "http://127.0.0.1:10", "--rate", "2"], "one URL"),
     (["ftp://127.0.0.1:9", "--rate", "2"], "URL"),
     (["http://127.0.0.1:9", "--rate", "2", "--prompts", "/nonexistent/p.jsonl"], "prompts"),
+    (["http://127.0.0.1:9", "--rate", "2", "--percentiles", "0,50"], "--percentiles"),
+    (["http://127.0.0.1:9", "--rate", "2", "--percentiles", "50,100.5"], "--percentiles"),
+    (["http://127.0.0.1:9", "--rate", "2", "--percentiles", "p-high"], "--percentiles"),
+    (["http://127.0.0.1:9", "--sweep", "rate=1:32:100"], "--sweep"),
+    (["http://127.0.0.1:9", "--sweep", "speed=1:2:2"], "--sweep"),
+    (["http://127.0.0.1:9", "--sweep", "rate=1:8:4", "--rate", "2"], "--rate"),
+    (["http://127.0.0.1:9", "--rate", "2", "--dataset", "/nonexistent/d.json"], "--dataset"),
+    (["http://127.0.0.1:9", "--rate", "2", "--tokenizer", "/nonexistent/tok"], "--tokenizer"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, needle):
     assert main(["probe", *args]) == 2
@@ -78,7 +86,8 @@ def test_help_lists_the_options():
     result = subprocess.run([sys.executable, "-m", "dsctl", "probe", "--help"], capture_output=True, text=True,
                             env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
-    for option in ("--rate", "--concurrency", "--goodput", "--early-stop", "--api-key", "--json", "--record"):
+    for option in ("--rate", "--concurrency", "--goodput", "--early-stop", "--api-key", "--json", "--record",
+                   "--percentiles", "--csv", "--save-text", "--tokenizer", "--dataset", "--sweep", "--run-dir"):
         assert option in result.stdout
 
 
@@ -340,3 +349,16 @@ def test_the_probe_verb_called_directly_reports_through_its_sink(scripted):
     assert kinds == ["dsctl_note", "dsctl_probe_start"] + ["dsctl_probe_request"] * 5
     assert seen[0]["msg"].startswith(f"probing http://127.0.0.1:{server.port}/v1/completions (model scripted)")
     assert seen[1]["total"] == 5 and all(event["success"] for event in seen[2:])
+
+
+def test_a_concurrency_sweep_prints_one_row_per_level_the_knee_and_the_plot(engine, capsys, tmp_path: Path):
+    url, _ = engine
+    code = main(["probe", url, "--sweep", "concurrency=1:4:2", "--requests", "6", "--output-tokens", "4",
+                 "--prompt-tokens", "16", "--percentiles", "50,99.9", "--run-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Sweep of" in out and "TTFT p99.9" in out and "knee:" in out and f"plot: {tmp_path / 'sweep.png'}" in out
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    table = [line for line in out.splitlines() if line.strip().startswith(("1 ", "4 ")) or "│ 1 " in line
+             or "│ 4 " in line]
+    assert len(table) >= 2, out

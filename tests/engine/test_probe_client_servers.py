@@ -6,6 +6,7 @@ messages, streams that end without ``data: [DONE]``.  Loopback only; every run i
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import threading
 import uuid
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, Target, Timeouts
+from dsctl.adapters.tokenizer import LocalTokenizer
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
 from dsctl.errors import ExitStatus, UsageError
-from dsctl.services.probe import ProbeConfig
+from dsctl.services.probe import ProbeConfig, make_plan
 from dsctl.services.probe import probe as probe_verb
 from dsctl.services.runtime import HttpProber
 
+from ..unit.tokenizers_offline import word_level
 from .test_engine_server import KEY, MODEL, Engine
 
 LIMIT_S = 20.0  # every test run ends well within this, or fails
@@ -273,7 +276,7 @@ def test_without_usage_only_text_bearing_messages_count_as_tokens(respond, endpo
         assert len(record.chunk_times) > record.output_len  # the empty messages were seen, and not counted
     metrics = calculate_metrics(result.records, result.duration)
     assert metrics["total_output_tokens"] == sum(generated.values()) == 42
-    assert metrics["output_tokens_counted_by"] == {"usage": 0, "chunks": 6}
+    assert metrics["output_tokens_counted_by"] == {"usage": 0, "tokenizer": 0, "chunks": 6}
 
 
 # --------------------------------------------------------------------------- streams that end without [DONE]
@@ -418,3 +421,135 @@ def test_the_probe_verb_sends_no_request_id_when_told_and_refuses_a_bad_header_n
         with pytest.raises(UsageError, match="--request-id-header 'x id'"):
             probe_verb(HttpProber(), ProbeConfig(url=url, model="m", concurrency=1, requests=1,
                                                  request_id_header="x id"))
+
+
+# --------------------------------------------------------------------------- --tokenizer, --save-text, --csv
+
+
+def test_the_probe_verb_counts_with_a_tokenizer_a_server_that_sends_no_usage_and_validates_ids(tmp_path):
+    """The issue's acceptance: no usage, UUID-validated ids; output tokens as the server generated them, none
+    failed, the method named, the text kept, one CSV row per request."""
+    tok = word_level(tmp_path / "tok")
+    csv_path, record = tmp_path / "requests.csv", tmp_path / "requests.jsonl"
+    with server_in_thread(stream_without_usage) as server:
+        server.validate_uuid = True
+        result = probe_verb(HttpProber(), ProbeConfig(
+            url=f"http://127.0.0.1:{server.port}", model="m", concurrency=2, requests=6, output_tokens="9",
+            prompt_tokens="12", timeout=20, tokenizer=tok, save_text=True, csv=csv_path, record=record,
+            percentiles="50,99.9"))
+    assert result.exit_status == ExitStatus.OK, result.errors
+    m = result.data["metrics"]
+    generated = {seen.request_id: seen.generated for seen in server.seen}
+    assert m["completed"] == 6 and m["failed"] == 0
+    assert m["total_output_tokens"] == sum(generated.values()) == 54
+    assert m["output_tokens_counted_by"] == {"usage": 0, "tokenizer": 6, "chunks": 0}
+    assert set(m["ttft_ms"]) >= {"p50", "p99_9"} and "p90" not in m["ttft_ms"]
+    assert result.data["config"]["prompt_tokens_counted_by"] == "tokenizer"
+    texts = {r["id"]: r["text"] for r in result.data["requests"]}
+    assert set(texts) == set(generated) and all(t == "".join(f" w{i}" for i in range(9)) for t in texts.values())
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [list(rows[0])[:3] for _ in rows][0] == ["id", "sent", "ttft_ms"] and len(rows) == 6
+    assert {row["id"] for row in rows} == set(generated)
+    assert all(row["output_tokens"] == "9" and row["success"] == "True" and row["text"] for row in rows)
+    assert float(rows[0]["ttft_ms"]) <= float(rows[0]["e2el_ms"])
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert all(line["text"] == texts[line["id"]] and line["output_counted_by"] == "tokenizer" for line in lines)
+
+
+def test_a_tokenizer_recount_of_chat_is_within_the_tokenizers_difference(tmp_path):
+    async def main():
+        async with Server(chat_without_usage) as server:
+            return await probe(server, requests=3, endpoint="chat", max_tokens=7, keep_text=True)
+
+    result = run(main())
+    tok = LocalTokenizer(word_level(tmp_path / "tok"))
+    for record in result.records:
+        assert record.text == "think" + "".join(f"w{i} " for i in range(6))
+        record.tokenized_output = tok.count(record.text)
+        # "think" and "w0 " were two deltas but are one word: the tokenizer sees 6 tokens where 7 were streamed
+        assert record.output_method == "tokenizer" and abs(record.output_len - 7) <= 1
+
+
+def test_without_keep_text_no_text_is_kept():
+    async def main():
+        async with Server(stream_with_usage) as server:
+            return await probe(server, requests=2)
+
+    result = run(main())
+    assert all(r.success and r.text_parts is None and r.text is None for r in result.records)
+
+
+# --------------------------------------------------------------------------- sweeps and trace replay on the engine
+
+
+def test_a_rate_sweep_on_the_engine_gives_rows_monotone_in_offered_load_a_knee_and_a_plot(engine, tmp_path):
+    out = tmp_path / "run"
+    result = probe_verb(HttpProber(), ProbeConfig(
+        url=f"http://127.0.0.1:{engine.port}", api_key=KEY, model=MODEL, sweep="rate=4:16:3", arrival="constant",
+        requests=10, output_tokens="6", prompt_tokens="32", timeout=20, run_dir=out, csv=tmp_path / "s.csv"))
+    assert result.exit_status == ExitStatus.OK, result.errors
+    sw = result.data["sweep"]
+    rows = sw["rows"]
+    assert [r["level"] for r in rows] == pytest.approx([4, 8, 16]) and len(result.levels) == 3
+    assert all(r["completed"] == 10 and r["failed"] == 0 for r in rows)
+    throughput = [r["request_throughput"] for r in rows]
+    assert throughput == sorted(throughput) and throughput[0] < throughput[-1]  # below saturation: it follows
+    for r in rows:  # 10 requests at constant spacing 1/rate: 9 gaps, then the last request's E2EL
+        assert r["request_throughput"] == pytest.approx(10 / (9 / r["level"] + r["e2el_ms"]["median"] / 1e3),
+                                                        rel=0.25)
+    assert set(sw["knee"]) >= {"level", "index", "rule"}
+    png = (out / "sweep.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and sw["plot"] == str(out / "sweep.png")
+    assert json.loads((out / "sweep.json").read_text())["sweep"]["rows"] == rows
+    csv_rows = list(csv.DictReader((tmp_path / "s.csv").open()))
+    assert len(csv_rows) == 30 and [row["level"] for row in csv_rows[::10]] == ["4.0", "8.0", "16.0"]
+
+
+def test_a_sweep_refuses_a_fixed_load_and_early_stop():
+    for extra, needle in ((dict(sweep="rate=1:4:2", rate=2.0), "leave out --rate"),
+                          (dict(sweep="concurrency=1:4:2", concurrency=2), "leave out --rate and --concurrency"),
+                          (dict(sweep="rate=1:4:2", goodput=("ttft:1",), early_stop=True), "--early-stop"),
+                          (dict(sweep="rate=1:4:99"), "^--sweep ")):
+        with pytest.raises(UsageError, match=needle):
+            probe_verb(HttpProber(), ProbeConfig(url="http://127.0.0.1:1", **extra))
+
+
+def test_a_trace_is_replayed_at_its_timestamps_on_the_engine(engine, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    stamps = [50.0, 50.25, 50.5, 51.0, 51.1]
+    trace.write_text("".join(json.dumps({"prompt": f"replayed request {i}", "timestamp": t, "output_tokens": 3})
+                             + "\n" for i, t in enumerate(stamps)))
+    record = tmp_path / "r.jsonl"
+    result = probe_verb(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{engine.port}", api_key=KEY, model=MODEL,
+                                                  dataset=trace, timeout=20, record=record))
+    assert result.exit_status == ExitStatus.OK, result.errors
+    assert result.data["config"]["arrival"] == "trace" and result.data["metrics"]["completed"] == 5
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    sent = sorted(line["scheduled"] for line in lines)
+    assert [s - sent[0] for s in sent] == pytest.approx([t - stamps[0] for t in stamps], abs=0.002)
+    actual = sorted(line["sent"] for line in lines)
+    assert [s - actual[0] for s in actual] == pytest.approx([t - stamps[0] for t in stamps], abs=0.05)
+    assert all(line["output_tokens"] == 3 for line in lines)
+
+
+def test_prompts_are_exactly_the_planned_tokens_by_the_engines_own_count(engine):
+    cfg = ProbeConfig(url=f"http://127.0.0.1:{engine.port}", api_key=KEY, model=MODEL, rate=200.0, requests=30,
+                      prompt_tokens="uniform:16:1500", shared_prefix=0.25, output_tokens="2", timeout=20, seed=5)
+    result = probe_verb(HttpProber(), cfg)
+    assert result.exit_status == ExitStatus.OK, result.errors
+    planned = make_plan(cfg).workload
+    # the records hold the engine's usage.prompt_tokens; open-loop records are in request order
+    assert [r.prompt_tokens for r in result.result.records] == [planned.request(i).prompt_tokens for i in range(30)]
+    assert result.data["config"]["prompt_tokens_counted_by"] == "engine rule"
+
+
+def test_a_sweep_exits_with_its_first_failing_levels_status_and_names_the_level(tmp_path):
+    with server_in_thread(ends_without_done) as server:
+        result = probe_verb(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{server.port}", model="m",
+                                                      sweep="concurrency=1:2:2", requests=2, timeout=20,
+                                                      run_dir=tmp_path))
+    assert result.exit_status == ExitStatus.ERROR
+    assert result.errors[0].startswith("concurrency 1: every request to http://127.0.0.1:")
+    rows = result.data["sweep"]["rows"]
+    assert [r["exit_status"] for r in rows] == [1, 1] and all(r["completed"] == 0 for r in rows)
+    assert result.data["sweep"]["knee"]["level"] is None and (tmp_path / "sweep.png").is_file()

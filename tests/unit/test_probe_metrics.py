@@ -10,6 +10,7 @@ import random
 import pytest
 
 from dsctl.adapters import probe_client
+from dsctl.core.load import probe_metrics
 from dsctl.core.load.probe_metrics import (
     ErrorClass,
     RequestRecord,
@@ -191,7 +192,7 @@ def test_metrics_match_hand_computed_values():
     assert m["completed"] == 3 and m["failed"] == 2
     assert m["failures"] == {"timeout": 1, "http_4xx": 0, "http_5xx": 1, "connection": 0, "protocol": 0,
                              "truncated": 0}
-    assert m["output_tokens_counted_by"] == {"usage": 3, "chunks": 0}
+    assert m["output_tokens_counted_by"] == {"usage": 3, "tokenizer": 0, "chunks": 0}
     errors = m["errors"]  # 2 of 5 failed: far above the default 5 %
     assert errors["failed"] == 2 and errors["finished"] == 5 and errors["error_rate"] == pytest.approx(0.4)
     assert errors["exceeded"] is True and errors["max_error_rate"] == 0.05
@@ -392,3 +393,47 @@ def test_early_stop_agrees_with_every_completion(seed):
                 worst.add(r)
             assert worst.missed()
             break
+
+
+# -- --percentiles, per-request rows ------------------------------------------------------------------------
+
+
+def test_percentiles_parse_sorted_and_are_reported_under_their_keys():
+    assert probe_metrics.parse_percentiles("99.9,50, 90,p99,90") == (50.0, 90.0, 99.0, 99.9)
+    assert probe_metrics.parse_percentiles("100") == (100.0,)
+    stats = probe_metrics.summarize([1.0, 2.0, 3.0, 4.0], percentiles=(50.0, 99.9))
+    assert set(stats) == {"n", "mean", "median", "std", "min", "max", "p50", "p99_9"}
+    assert stats["p99_9"] == pytest.approx(3.997)
+
+
+@pytest.mark.parametrize("text, needle", [("0", "above 0"), ("101", "at most 100"), ("-5", "above 0"),
+                                          ("fast", "not a number"), ("", "comma-separated"), ("nan", "above 0"),
+                                          (",".join(str(i) for i in range(1, 14)), "at most 12")])
+def test_bad_percentiles_are_one_line(text, needle):
+    with pytest.raises(ValueError, match=needle) as info:
+        probe_metrics.parse_percentiles(text)
+    assert "\n" not in str(info.value)
+
+
+def test_the_tokenizer_count_is_used_only_without_usage():
+    rec = RequestRecord("r", scheduled=0.0, sent=0.0, chunk_times=[0.1, 0.2, 0.3], text_chunks=3, status=200)
+    assert (rec.output_method, rec.output_len) == ("chunks", 3)
+    rec.tokenized_output = 5
+    assert (rec.output_method, rec.output_len) == ("tokenizer", 5)
+    assert rec.tpot == pytest.approx(0.2 / 4)
+    rec.output_tokens = 4
+    assert (rec.output_method, rec.output_len) == ("usage", 4)
+
+
+def test_a_request_row_has_the_csv_fields_and_the_text_only_when_asked():
+    ok = RequestRecord("a", scheduled=1.0, sent=1.0, chunk_times=[1.1, 1.3], text_chunks=2, status=200,
+                       prompt_tokens=7, text_parts=[" x", " y"])
+    bad = RequestRecord("b", scheduled=2.0, sent=2.0, status=503, error=probe_metrics.ErrorClass.HTTP_5XX,
+                        error_detail="HTTP 503", end=2.5)
+    row = probe_metrics.request_row(ok, 100.0, text=True)
+    assert set(probe_metrics.CSV_FIELDS) <= set(row) and row["text"] == " x y"
+    assert row["sent"] == 101.0 and row["ttft_ms"] == pytest.approx(100) and row["tpot_ms"] == pytest.approx(200)
+    assert row["output_tokens"] == 2 and row["output_counted_by"] == "chunks"
+    failed = probe_metrics.request_row(bad, 100.0)
+    assert "text" not in failed and failed["ttft_ms"] is None and failed["output_tokens"] is None
+    assert failed["error"] == "http_5xx" and failed["finish_time"] == 102.5

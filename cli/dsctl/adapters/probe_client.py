@@ -19,6 +19,10 @@ echo and log; some OpenAI-compatible servers reject a value that is not a UUID w
 renamed or left out (``request_id_header``); the first message's ``id`` is kept too, so a request can be matched
 to a server record that was keyed by the server's own id.
 
+Generated text is kept only when asked (``keep_text``: ``--save-text``, ``--tokenizer``): the hot path then keeps
+a reference to each text-bearing message's bytes, and the text is parsed out of them once the run has ended
+(`ProbeRun.run`), so keeping it costs the measurement no JSON parsing.
+
 A stream that ends without ``data: [DONE]`` is a failure (``truncated``), not a success: what was cut off is
 unknown.
 
@@ -265,6 +269,8 @@ class _Conn(asyncio.Protocol):
         self.body = bytearray()
         self.body_cap = _MAX_ERROR_BODY if stream else _MAX_DOCUMENT
         self.finished = False
+        if self.client.keep_text and stream:
+            rec.text_parts = []
 
     # -- asyncio callbacks --------------------------------------------------------------------------------
 
@@ -445,6 +451,8 @@ class _Conn(asyncio.Protocol):
                 times.append(now)
                 if _TEXT.search(payload, match.end()) is not None:
                     rec.text_chunks += 1  # type: ignore[union-attr]
+                    if rec.text_parts is not None:  # type: ignore[union-attr]
+                        rec.text_parts.append(payload)  # type: ignore[union-attr]  # bytes until the run ends
                 if _USAGE_OBJECT.search(payload) is not None:
                     self._usage(payload, now)
             elif payload.strip() == b"[DONE]":
@@ -578,6 +586,25 @@ class _Conn(asyncio.Protocol):
             self.transport.abort()
 
 
+def _generated_text(payload: bytes) -> str:
+    """The text a choice-bearing message adds: completions' ``text``, chat's ``delta.content`` and reasoning."""
+    try:
+        choices = json.loads(payload).get("choices") or ()
+    except (ValueError, AttributeError):
+        return ""
+    parts = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        source = delta if isinstance(delta, dict) else choice
+        for key in ("reasoning_content", "reasoning", "text", "content"):
+            value = source.get(key)
+            if isinstance(value, str):
+                parts.append(value)
+    return "".join(parts)
+
+
 def _error_message(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip()
     try:
@@ -604,12 +631,14 @@ class ProbeClient:
 
     def __init__(self, target: Target, *, api_key: str | None = None, timeouts: Timeouts = Timeouts(),
                  max_idle: float = 2.0, kernel_timestamps: bool = True, lag_samples: list[float] | None = None,
-                 request_id_header: str | None = DEFAULT_REQUEST_ID_HEADER):
-        """``request_id_header``: the header that carries each request's id (None: send none)."""
+                 request_id_header: str | None = DEFAULT_REQUEST_ID_HEADER, keep_text: bool = False):
+        """``request_id_header``: the header that carries each request's id (None: send none). ``keep_text``: keep
+        each request's generated text in ``RequestRecord.text_parts``."""
         if request_id_header is not None and not _HEADER_NAME.fullmatch(request_id_header):
             raise ValueError(f"request id header {request_id_header!r}: expected an HTTP header name such as "
                              "x-request-id (letters, digits, '-')")
         self.target = target
+        self.keep_text = keep_text
         self._request_id_prefix = f"{request_id_header}: ".encode("latin-1") if request_id_header else None
         self.timeouts = timeouts.effective()
         self.max_idle = max_idle
@@ -753,7 +782,7 @@ class ProbeClient:
             if conn.retry and attempt == 0 and not rec.cancelled:
                 rec.error, rec.error_detail, rec.status, rec.end = None, "", None, math.nan
                 rec.chunk_times.clear()
-                rec.text_chunks, rec.output_tokens, rec.response_id = 0, None, None
+                rec.text_chunks, rec.output_tokens, rec.response_id, rec.text_parts = 0, None, None, None
                 rec.sent = time.perf_counter()
                 continue
             return None if stream else bytes(conn.body)
@@ -957,6 +986,9 @@ class ProbeRun:
                     rec.end = now
         ended = [r.end for r in records if not math.isnan(r.end)]
         end = time.perf_counter() if self.stopped or backstop_hit or not ended else max(ended)
+        for rec in (*warm, *records):  # the kept messages' bytes -> their text, off the measurement
+            if rec.text_parts:
+                rec.text_parts = [_generated_text(p) if isinstance(p, bytes) else p for p in rec.text_parts]
         # vLLM's duration runs from the start of the schedule to the end of the last request
         return RunResult(records=records, warmup=warm, duration=max(0.0, end - start), started_wall=wall0,
                          perf_to_wall=wall0 - perf0, perf_to_wall_end=time.time() - time.perf_counter(),

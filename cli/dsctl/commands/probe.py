@@ -3,7 +3,8 @@
 Exit statuses: 0 the probe ran (some requests may have failed; they are counted, not hidden); 6 an SLO given with
 --goodput was missed, or --early-stop ended the probe because the miss was certain; 1 the server cannot be
 reached or every measured request failed (7 when every one of them timed out); 9 more than --max-error-rate of the
-requests failed; 2 bad options.
+requests failed; 2 bad options. A sweep (--sweep) exits with the status of its first level that did not exit 0,
+SLO misses left out.
 """
 
 from __future__ import annotations
@@ -47,7 +48,15 @@ def _f(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _pcts(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, column label) of the reported percentiles: ("p99_9", "p99.9")."""
+    return [(probe_metrics.percentile_key(p), f"p{p:g}") for p in data["config"]["percentiles"]]
+
+
 def render(data: dict[str, Any]) -> None:
+    if "sweep" in data:
+        render_sweep(data)
+        return
     m = data["metrics"]
     failures = ", ".join(f"{k} {v}" for k, v in m["failures"].items() if v)
     target = data["target"]
@@ -73,13 +82,17 @@ def render(data: dict[str, Any]) -> None:
         ["Peak concurrent requests", m["max_concurrent_requests"]],
         ["Total Token throughput (tok/s)", _f(m["total_token_throughput"])],
     ]
+    counted = ", ".join(f"{k} {v}" for k, v in m["output_tokens_counted_by"].items() if v)
+    if counted:
+        rows.append(["Output tokens counted by", counted])
     ui.print_table("============ Serving Benchmark Result ============", ["metric", "value"], rows)
     names = [("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)"),
              ("client_queue_ms", "Client queue (ms)")]
-    lat_rows = [[label, _f(m[key]["mean"]), _f(m[key]["median"]), _f(m[key]["std"]), _f(m[key]["p90"]),
-                 _f(m[key]["p95"]), _f(m[key]["p99"]), m[key]["n"]] for key, label in names]
+    pcts = _pcts(data)
+    lat_rows = [[label, _f(m[key]["mean"]), _f(m[key]["median"]), _f(m[key]["std"]),
+                 *(_f(m[key][p]) for p, _ in pcts), m[key]["n"]] for key, label in names]
     ui.print_table("Latency (vllm bench serve definitions; failed requests excluded)",
-                   ["metric", "mean", "median", "std", "p90", "p95", "p99", "n"], lat_rows)
+                   ["metric", "mean", "median", "std", *(label for _, label in pcts), "n"], lat_rows)
     slo = data["slo"]
     if slo is not None:
         verdict = "met" if slo["met"] else ("missed (early stop)" if slo["early_stopped"] else "missed")
@@ -95,6 +108,30 @@ def render(data: dict[str, Any]) -> None:
     if data["failure_examples"]:
         ui.print_table("Failed requests (first 5)", ["id", "class", "detail"],
                        [[e["id"], e["class"], e["detail"]] for e in data["failure_examples"]])
+
+
+def render_sweep(data: dict[str, Any]) -> None:
+    sw = data["sweep"]
+    top = _pcts(data)[-1]
+    headers = [sw["kind"], "ok", "failed", "req/s", "out tok/s", "TTFT median", f"TTFT {top[1]}", "TPOT median",
+               "E2EL median", f"E2EL {top[1]}"]
+    rows = [[f"{r['level']:g}", r["completed"], r["failed"], _f(r["request_throughput"]),
+             _f(r["output_throughput"], 1), _f(r["ttft_ms"]["median"]), _f(r["ttft_ms"][top[0]]),
+             _f(r["tpot_ms"]["median"]), _f(r["e2el_ms"]["median"]), _f(r["e2el_ms"][top[0]])] for r in sw["rows"]]
+    target = data["target"]
+    ui.print_table(f"Sweep of {target['url']}{target['endpoint']} ({target['model']}), latencies in ms",
+                   headers, rows)
+    knee = sw["knee"]
+    if knee["level"] is None:
+        print("knee: none inside the swept range (latency never grew faster than throughput)")
+    else:
+        print(f"knee: {sw['kind']} {knee['level']:g} ({knee['rule']}; next step: latency "
+              f"{_growth(knee['latency_growth'])}, throughput {_growth(knee['throughput_growth'])})")
+    print(f"plot: {sw['plot']}")
+
+
+def _growth(value: Any) -> str:
+    return "+inf" if value == "inf" else f"{value:+.0%}"
 
 
 # -- the command ----------------------------------------------------------------------------------------------
@@ -122,7 +159,8 @@ def run(
     duration: Annotated[float | None, typer.Option("--duration", help="Stop sending after S seconds.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Requests sent first and left out of every metric.")] = 0,
     prompt_tokens: Annotated[str, typer.Option(
-        "--prompt-tokens", help="N, uniform:LO:HI or normal:MEAN:STD (about one token per word).")] = "512",
+        "--prompt-tokens", help="N, uniform:LO:HI or normal:MEAN:STD: exact by the engine's rule, or by --tokenizer.")
+    ] = "512",
     output_tokens: Annotated[str, typer.Option(
         "--output-tokens", help="max_tokens: N, uniform:LO:HI or normal:MEAN:STD.")] = "128",
     prompts: Annotated[Path | None, typer.Option(
@@ -155,6 +193,26 @@ def run(
     request_id_header: Annotated[str, typer.Option(
         "--request-id-header", help="Header carrying each request's UUID (none: send no request id).")
     ] = "x-request-id",
+    percentiles: Annotated[str | None, typer.Option(
+        "--percentiles", help="Percentiles reported for TTFT/TPOT/ITL/E2EL, e.g. 50,90,99,99.9 (default 50,90,95,99).")
+    ] = None,
+    csv_path: Annotated[Path | None, typer.Option(
+        "--csv", help="Write one CSV row per measured request (id, send time, ttft, e2el, tpot, tokens, status).")
+    ] = None,
+    save_text: Annotated[bool, typer.Option(
+        "--save-text", help="Keep each request's generated text (in --record, --csv and the --json result).")
+    ] = False,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="Local Hugging Face tokenizer dir (tokenizer.json): exact prompt lengths, and output "
+                            "re-counted from the text when the server sends no usage.")] = None,
+    dataset: Annotated[Path | None, typer.Option(
+        "--dataset", help="ShareGPT .json, or .jsonl of prompts (optional \"timestamp\" seconds: replay the trace).")
+    ] = None,
+    sweep: Annotated[str | None, typer.Option(
+        "--sweep", help="rate=LO:HI:N or concurrency=LO:HI:N: N geometric load levels in one run, with the knee.")
+    ] = None,
+    run_dir: Annotated[Path | None, typer.Option(
+        "--run-dir", help="Where --sweep writes sweep.json and sweep.png (default: a new run directory).")] = None,
 ) -> None:
     """Load an OpenAI-compatible endpoint and report vllm-bench-serve metrics (TTFT, TPOT, ITL, E2EL, goodput)."""
     terms = list(goodput or [])
@@ -174,6 +232,8 @@ def run(
         shared_prefix=shared_prefix, goodput=tuple(terms), slo_stat=slo_stat, early_stop=early_stop, timeout=timeout,
         api_key=api_key, seed=seed, ignore_eos=ignore_eos, record=record, max_error_rate=max_error_rate,
         request_id_header=None if request_id_header.lower() == "none" else request_id_header,
+        percentiles=percentiles, csv=csv_path, save_text=save_text, tokenizer=tokenizer, dataset=dataset,
+        sweep=sweep, run_dir=run_dir,
     )
     started = time.perf_counter()
     with ProbeProgress(notes=not as_json) as progress:

@@ -2,26 +2,35 @@
 
 Exit statuses (``ProbeResult.exit_status``): 0 the probe ran (failed requests are counted, not hidden); 6 an SLO
 given with ``goodput`` was missed, or ``early_stop`` ended the probe because the miss was certain; 1 every measured
-request failed (7 when every one timed out). The server being unusable raises DsctlError (exit 1), bad inputs
-UsageError (exit 2).
+request failed (7 when every one timed out); 9 more than ``max_error_rate`` of the requests failed. The server
+being unusable raises DsctlError (exit 1), bad inputs UsageError (exit 2).
+
+A sweep (``sweep``, `dsctl.core.load.sweep`) runs one probe per load level in one process and reports one row per
+level, the knee and a PNG plot in ``run_dir``. Its exit status is that of the first level that did not exit 0,
+leaving out SLO misses (past the knee an SLO is expected to be missed: each row says whether its level met it).
 
 Progress records: ``dsctl_note`` (``msg``: what is probed), ``dsctl_probe_start`` (``total``: requests planned, or
-None), ``dsctl_probe_request`` (``success``) per measured request.
+None; once per sweep level), ``dsctl_probe_request`` (``success``) per measured request.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dsctl.adapters import sweep_plot
+from dsctl.adapters.ansible_run import new_artifacts_dir
 from dsctl.adapters.probe_client import Load, RunResult, Target, Timeouts
-from dsctl.core.load import arrivals, probe_metrics
+from dsctl.adapters.tokenizer import LocalTokenizer
+from dsctl.core.load import arrivals, dataset, probe_metrics, sweep
 from dsctl.core.load.probe_metrics import RequestRecord, SloWatch
-from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, load_prompts, request_body
+from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, engine_tokens, request_body
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services.ports import Prober, ProgressSink, no_progress
 
@@ -61,6 +70,13 @@ class ProbeConfig:
     record: Path | None = None
     max_error_rate: float = probe_metrics.DEFAULT_MAX_ERROR_RATE
     request_id_header: str | None = "x-request-id"  # None: send no request id
+    percentiles: str | None = None  # "50,90,99,99.9"; None: probe_metrics.PERCENTILES
+    csv: Path | None = None  # one row per measured request
+    save_text: bool = False  # keep each request's generated text (the --record lines, the result's "requests")
+    tokenizer: Path | None = None  # a local Hugging Face tokenizer (directory or tokenizer.json)
+    dataset: Path | None = None  # ShareGPT JSON or JSONL (optional timestamps: a trace to replay)
+    sweep: str | None = None  # "rate=1:32:8" | "concurrency=1:64:4"
+    run_dir: Path | None = None  # where a sweep writes sweep.json and sweep.png; None: a new run directory
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,11 @@ class Plan:
     bounds_ms: dict[str, float]
     timeouts: Timeouts
     total_planned: int | None
+    percentiles: tuple[float, ...] = probe_metrics.PERCENTILES
+    tokenizer: LocalTokenizer | None = None
+    prompt_counting: str = "engine rule"  # how planned prompt lengths were counted: "engine rule" | "tokenizer"
+    replay: bool = False  # the schedule is a dataset's timestamps
+    dataset_info: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,14 +101,42 @@ class ProbeResult:
     data: dict[str, Any]
     exit_status: ExitStatus
     errors: tuple[str, ...]
-    result: RunResult = field(repr=False)  # every request's record (bench/probe.py, the tuner)
+    result: RunResult = field(repr=False)  # every request's record (bench/probe.py, the tuner); a sweep's last level
+    levels: tuple[RunResult, ...] = field(default=(), repr=False)  # a sweep: each level's records
 
     def to_dict(self) -> dict[str, Any]:
         return self.data
 
 
-def make_plan(cfg: ProbeConfig) -> Plan:
-    """Validate every option (UsageError, one line) and build what the run needs; no I/O except --prompts."""
+def load_tokenizer(path: Path) -> LocalTokenizer:
+    try:
+        return LocalTokenizer(path)
+    except ValueError as exc:
+        raise UsageError(f"--tokenizer {exc}") from None
+
+
+def read_dataset(path: Path, count: Callable[[str], int], what: str = "--dataset") -> dataset.Dataset:
+    """Read a dataset file within its size cap (`dsctl.core.load.dataset.MAX_BYTES`) and parse it."""
+    try:
+        size = path.stat().st_size
+        if size > dataset.MAX_BYTES:
+            raise UsageError(f"{what} {path}: {size / 2**20:.0f} MiB, more than the {dataset.MAX_BYTES >> 20} MiB a "
+                             "probe reads; cut it (the probe cycles through the entries anyway)")
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path}: not UTF-8 text") from None
+    try:
+        sharegpt = False if what == "--prompts" else (True if path.suffix.lower() == ".json" else None)
+        return dataset.parse(text, f"{what} {path}", count, sharegpt=sharegpt)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan:
+    """Validate every option (UsageError, one line) and build what the run needs; no I/O except reading
+    --prompts / --dataset and --tokenizer (``tokenizer``: one already loaded from ``cfg.tokenizer``)."""
     try:
         target = Target.parse(cfg.url)
     except ValueError as exc:
@@ -101,8 +150,6 @@ def make_plan(cfg: ProbeConfig) -> Plan:
     if cfg.request_id_header is not None and not REQUEST_ID_HEADER.fullmatch(cfg.request_id_header):
         raise UsageError(f"--request-id-header {cfg.request_id_header!r}: expected an HTTP header name such as "
                          "x-request-id, or none to send no request id")
-    if cfg.rate is None and cfg.concurrency is None:
-        raise UsageError("give --rate R (requests/s, or inf) or --concurrency C (a closed loop of C streams)")
     if cfg.concurrency is not None and cfg.concurrency < 1:
         raise UsageError(f"--concurrency {cfg.concurrency}: must be at least 1")
     if cfg.requests is not None and cfg.requests < 1:
@@ -115,7 +162,26 @@ def make_plan(cfg: ProbeConfig) -> Plan:
         raise UsageError(f"--timeout {cfg.timeout:g}: must be a positive number of seconds")
     if not 0.0 <= cfg.shared_prefix <= 1.0:
         raise UsageError(f"--shared-prefix {cfg.shared_prefix:g}: must be between 0.0 and 1.0")
+    try:
+        percentiles = probe_metrics.PERCENTILES if cfg.percentiles is None else \
+            probe_metrics.parse_percentiles(cfg.percentiles)
+    except ValueError as exc:
+        raise UsageError(f"--percentiles {exc}") from None
+    if cfg.prompts is not None and cfg.dataset is not None:
+        raise UsageError("--prompts and --dataset both give the prompts: keep one")
+    if tokenizer is None and cfg.tokenizer is not None:
+        tokenizer = load_tokenizer(cfg.tokenizer)
+    count = tokenizer.count if tokenizer is not None else engine_tokens
+    data: dataset.Dataset | None = None
+    source = cfg.dataset or cfg.prompts
+    if source is not None:
+        data = read_dataset(source, count, "--dataset" if cfg.dataset is not None else "--prompts")
+    replay = data is not None and data.timestamps is not None and cfg.rate is None
+    if cfg.rate is None and cfg.concurrency is None and not replay:
+        raise UsageError("give --rate R (requests/s, or inf) or --concurrency C (a closed loop of C streams)")
     requests = cfg.requests if cfg.requests is not None or cfg.duration is not None else DEFAULT_REQUESTS
+    if replay and cfg.requests is None:
+        requests = len(data.timestamps)  # type: ignore[union-attr,arg-type]
 
     try:
         bounds = probe_metrics.parse_goodput(cfg.goodput)
@@ -128,15 +194,28 @@ def make_plan(cfg: ProbeConfig) -> Plan:
     try:
         prompt_len = LengthSpec.parse(cfg.prompt_tokens, "--prompt-tokens")
         output_len = LengthSpec.parse(cfg.output_tokens, "--output-tokens")
-        prompts = load_prompts(cfg.prompts) if cfg.prompts is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    prompts = data.items if data is not None else None
     if prompts and cfg.endpoint == "completions" and any("prompt" not in p for p in prompts):
-        raise UsageError(f"--prompts {cfg.prompts}: chat \"messages\" entries need --endpoint chat")
-    workload = Workload(prompt_len, output_len, shared_prefix=cfg.shared_prefix, prompts=prompts, seed=cfg.seed)
+        flag = "--dataset" if cfg.dataset is not None else "--prompts"
+        raise UsageError(f"{flag} {source}: chat \"messages\" entries need --endpoint chat")
+    workload = Workload(prompt_len, output_len, shared_prefix=cfg.shared_prefix, prompts=prompts, seed=cfg.seed,
+                        counter=tokenizer.count if tokenizer is not None else None)
 
     spec: arrivals.ArrivalSpec | None = None
-    if cfg.rate is None:  # closed loop
+    if replay:  # the dataset's timestamps are the schedule; --concurrency, when given, caps what is in flight
+        if cfg.arrival is not None or cfg.burstiness is not None or cfg.ramp_to is not None:
+            raise UsageError("--arrival/--burstiness/--ramp-to shape a --rate; a dataset with timestamps replays "
+                             "its own arrivals (give --rate to ignore them)")
+        stamps = data.timestamps[:requests]  # type: ignore[union-attr,index]
+        if cfg.duration is not None:
+            stamps = [t for t in stamps if t < cfg.duration]
+        if not stamps:
+            raise UsageError(f"no timestamp of --dataset {cfg.dataset} falls inside --duration {cfg.duration:g} s")
+        load = Load(schedule=list(stamps), concurrency=cfg.concurrency, requests=len(stamps), duration=cfg.duration)
+        total = len(stamps)
+    elif cfg.rate is None:  # closed loop
         if cfg.arrival is not None or cfg.burstiness is not None or cfg.ramp_to is not None:
             raise UsageError("--arrival/--burstiness/--ramp-to shape an open loop: they need --rate")
         load = Load(schedule=None, concurrency=cfg.concurrency, requests=requests, duration=cfg.duration)
@@ -158,8 +237,13 @@ def make_plan(cfg: ProbeConfig) -> Plan:
         load = Load(schedule=schedule, concurrency=cfg.concurrency, requests=len(schedule), duration=cfg.duration)
         total = len(schedule)
     timeouts = Timeouts(total=cfg.timeout, connect=min(10.0, cfg.timeout), idle=min(60.0, cfg.timeout))
+    info = None if data is None else {"file": str(source), "format": data.kind, "entries": len(data.items),
+                                      "skipped": data.skipped, "timestamps": data.timestamps is not None,
+                                      "replayed": replay}
     return Plan(target=target, path=ENDPOINTS[cfg.endpoint], spec=spec, load=load, workload=workload,
-                bounds_ms=bounds, timeouts=timeouts, total_planned=total)
+                bounds_ms=bounds, timeouts=timeouts, total_planned=total, percentiles=percentiles,
+                tokenizer=tokenizer, prompt_counting="tokenizer" if tokenizer is not None else "engine rule",
+                replay=replay, dataset_info=info)
 
 
 def _backstop(plan: Plan) -> float:
@@ -177,7 +261,10 @@ def _backstop(plan: Plan) -> float:
 
 def describe(plan: Plan, model: str) -> str:
     load = plan.load
-    if plan.spec is None:
+    if plan.replay:
+        how = "replaying the dataset's timestamps" + (f", at most {load.concurrency} in flight"
+                                                       if load.concurrency else "")
+    elif plan.spec is None:
         how = f"closed loop of {load.concurrency} streams"
     else:
         how = f"{plan.spec.process} arrivals at {_num(plan.spec.rate)} req/s"
@@ -190,8 +277,10 @@ def describe(plan: Plan, model: str) -> str:
 
 
 def summarize(cfg: ProbeConfig, plan: Plan, model: str, result: RunResult, watch: SloWatch | None) -> ProbeResult:
+    if plan.tokenizer is not None:
+        recount(result, plan.tokenizer.count)
     metrics = probe_metrics.calculate_metrics(result.records, result.duration, plan.bounds_ms or None,
-                                              max_error_rate=cfg.max_error_rate)
+                                              percentiles=plan.percentiles, max_error_rate=cfg.max_error_rate)
     errors: list[str] = []
     slo: dict[str, Any] | None = None
     code = ExitStatus.OK
@@ -232,14 +321,24 @@ def summarize(cfg: ProbeConfig, plan: Plan, model: str, result: RunResult, watch
         "failure_examples": [{"id": r.request_id, "class": str(r.error), "detail": r.error_detail}
                              for r in failed[:5]],
     }
+    if cfg.save_text:
+        data["requests"] = [{"id": r.request_id, "success": r.success, "output_tokens": r.output_len,
+                             "output_counted_by": r.output_method, "text": r.text} for r in result.records]
     return ProbeResult(data=data, exit_status=code, errors=tuple(errors), result=result)
+
+
+def recount(result: RunResult, count: Callable[[str], int]) -> None:
+    """Re-tokenise the kept text of every successful request the server sent no usage for (vLLM does the same)."""
+    for r in result.records:
+        if r.output_tokens is None and r.text_parts is not None and r.success:
+            r.tokenized_output = count(r.text or "")
 
 
 def config_dict(cfg: ProbeConfig, plan: Plan) -> dict[str, Any]:
     spec = plan.spec
     return {  # never the API key
-        "load": "closed_loop" if spec is None else "open_loop",
-        "arrival": None if spec is None else spec.process,
+        "load": "open_loop" if spec is not None or plan.replay else "closed_loop",
+        "arrival": "trace" if plan.replay else None if spec is None else spec.process,
         "rate": None if spec is None else _num(spec.rate),
         "burstiness": None if spec is None or spec.process in ("constant", "poisson") else _num(spec.burstiness),
         "ramp_to": None if spec is None else spec.ramp_to,
@@ -247,9 +346,14 @@ def config_dict(cfg: ProbeConfig, plan: Plan) -> dict[str, Any]:
         "requests_planned": plan.total_planned,
         "duration_limit_s": cfg.duration,
         "warmup": cfg.warmup,
-        "prompt_tokens": str(plan.workload.prompt_len) if cfg.prompts is None else None,
+        "prompt_tokens": str(plan.workload.prompt_len) if plan.workload.prompts is None else None,
         "output_tokens": str(plan.workload.output_len),
         "prompts_file": None if cfg.prompts is None else str(cfg.prompts),
+        "dataset": plan.dataset_info,
+        "prompt_tokens_counted_by": plan.prompt_counting,
+        "tokenizer": None if plan.tokenizer is None else str(plan.tokenizer.path),
+        "percentiles": list(plan.percentiles),
+        "save_text": cfg.save_text,
         "shared_prefix": cfg.shared_prefix,
         "ignore_eos": cfg.ignore_eos,
         "seed": cfg.seed,
@@ -262,33 +366,60 @@ def _num(value: float) -> float | str:
     return "inf" if math.isinf(value) else value
 
 
-def write_record(path: Path, result: RunResult) -> None:
-    """One JSON line per measured request, times in wall-clock seconds (time.time()) and ms offsets."""
-    off = result.perf_to_wall
-    lines = []
-    for r in result.records:
-        sent = None if math.isnan(r.sent) else r.sent + off
-        lines.append(json.dumps({
-            "id": r.request_id, "scheduled": r.scheduled + off, "sent": sent,
-            "first_token_time": r.chunk_times[0] + off if r.chunk_times else None,
-            "finish_time": None if math.isnan(r.end) else r.end + off,
-            "ttft_ms": r.ttft * 1e3 if r.success else None, "e2el_ms": r.e2el * 1e3 if r.success else None,
-            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_len if r.success else None,
-            "messages": len(r.chunk_times), "status": r.status, "success": r.success,
-            "error": None if r.error is None else str(r.error), "error_detail": r.error_detail or None,
-            "cancelled": r.cancelled,
-        }))
+def _rows(runs: list[tuple[float | None, RunResult]], text: bool) -> list[dict[str, Any]]:
+    rows = []
+    for level, result in runs:
+        for r in result.records:
+            row = probe_metrics.request_row(r, result.perf_to_wall, text=text)
+            rows.append(row if level is None else {"level": level, **row})
+    return rows
+
+
+def write_record(path: Path, runs: RunResult | list[tuple[float | None, RunResult]], *, text: bool = False) -> None:
+    """One JSON line per measured request (`probe_metrics.request_row`; a sweep's lines carry their ``level``)."""
+    runs = [(None, runs)] if isinstance(runs, RunResult) else runs
+    lines = [json.dumps(row) for row in _rows(runs, text)]
     try:
         path.write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
     except OSError as exc:
         raise DsctlError(f"--record {path}: {exc.strerror or exc}") from None
 
 
+def write_csv(path: Path, runs: list[tuple[float | None, RunResult]], *, text: bool = False) -> None:
+    """One CSV row per measured request: `probe_metrics.CSV_FIELDS` (send time in wall-clock seconds, latencies in
+    ms, empty where a failed request has none), a sweep's ``level`` first, the ``text`` last with --save-text."""
+    fields = list(probe_metrics.CSV_FIELDS)
+    if any(level is not None for level, _ in runs):
+        fields.insert(0, "level")
+    if text:
+        fields.append("text")
+    try:
+        with path.open("w", encoding="utf-8", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            for row in _rows(runs, text):
+                writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    except OSError as exc:
+        raise DsctlError(f"--csv {path}: {exc.strerror or exc}") from None
+
+
 def probe(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_progress, *,
           lag_samples: list[float] | None = None) -> ProbeResult:
-    """Validate ``cfg``, run the probe end to end and summarize it. ``lag_samples`` (bench/probe.py) collects how
-    late the event loop handled each read after the kernel got it."""
+    """Validate ``cfg``, run the probe (or the sweep) end to end and summarize it. ``lag_samples``
+    (bench/probe.py) collects how late the event loop handled each read after the kernel got it."""
+    if cfg.sweep is not None:
+        return run_sweep(prober, cfg, progress)
     plan = make_plan(cfg)
+    result = _run(prober, cfg, plan, progress, lag_samples)
+    if cfg.record is not None:
+        write_record(cfg.record, result.result, text=cfg.save_text)
+    if cfg.csv is not None:
+        write_csv(cfg.csv, [(None, result.result)], text=cfg.save_text)
+    return result
+
+
+def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
+         lag_samples: list[float] | None = None) -> ProbeResult:
     watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned) if plan.bounds_ms else None
 
     def on_model(model: str) -> None:
@@ -315,7 +446,85 @@ def probe(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_progress
                                  request_id_header=cfg.request_id_header,
                                  timeouts=plan.timeouts, load=plan.load, warmup=cfg.warmup, body=body,
                                  backstop=_backstop(plan), on_model=on_model, on_finish=on_finish,
-                                 lag_samples=lag_samples)
-    if cfg.record is not None:
-        write_record(cfg.record, result)
+                                 lag_samples=lag_samples, keep_text=cfg.save_text or plan.tokenizer is not None)
     return summarize(cfg, plan, model, result, watch)
+
+
+# -- sweeps -------------------------------------------------------------------------------------------------
+
+SWEEP_JSON = "sweep.json"
+SWEEP_PLOT = "sweep.png"
+
+
+def _sweep_plan(cfg: ProbeConfig) -> sweep.SweepSpec:
+    try:
+        spec = sweep.parse(cfg.sweep or "")
+    except ValueError as exc:
+        raise UsageError(f"--sweep {exc}") from None
+    if spec.kind == "rate" and cfg.rate is not None:
+        raise UsageError("--sweep rate=... sets the rate of each level: leave out --rate")
+    if spec.kind == "concurrency" and (cfg.rate is not None or cfg.concurrency is not None):
+        raise UsageError("--sweep concurrency=... runs closed loops of each level's streams: leave out --rate and "
+                         "--concurrency")
+    if cfg.early_stop:
+        raise UsageError("--early-stop ends one probe; a sweep runs past the knee on purpose: leave it out")
+    return spec
+
+
+def _level_cfg(cfg: ProbeConfig, kind: str, level: float, first: bool) -> ProbeConfig:
+    load = {"rate": level} if kind == "rate" else {"concurrency": int(level)}
+    return replace(cfg, sweep=None, record=None, csv=None, warmup=cfg.warmup if first else 0, **load)
+
+
+def run_sweep(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_progress) -> ProbeResult:
+    """One probe per level of ``cfg.sweep``, in ascending order; the rows, the knee and the plot."""
+    spec = _sweep_plan(cfg)
+    plans = []  # every level validated before the first request is sent
+    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer is not None else None
+    for i, level in enumerate(spec.levels):
+        level_cfg = _level_cfg(cfg, spec.kind, level, i == 0)
+        plans.append((level, level_cfg, make_plan(level_cfg, tokenizer)))
+    progress({"event": "dsctl_note", "msg": f"sweep of {len(plans)} levels: {spec}"})
+    results: list[ProbeResult] = []
+    for i, (level, level_cfg, plan) in enumerate(plans, 1):
+        progress({"event": "dsctl_note", "msg": f"sweep level {i}/{len(plans)}: {spec.kind} {level:g}"})
+        results.append(_run(prober, level_cfg, plan, progress))
+    keys = [probe_metrics.percentile_key(p) for p in plans[0][2].percentiles]
+    rows = []
+    for (level, _, _), outcome in zip(plans, results, strict=True):
+        row = sweep.row(level, spec.kind, outcome.data["metrics"], keys)
+        row["exit_status"] = int(outcome.exit_status)
+        row["slo_met"] = None if outcome.data["slo"] is None else outcome.data["slo"]["met"]
+        rows.append(row)
+    knee = sweep.knee(rows)
+    run_dir = cfg.run_dir or new_artifacts_dir("probe-sweep")  # once every level is valid
+    first = results[0].data
+    data: dict[str, Any] = {
+        "target": first["target"], "config": {**first["config"], "sweep": str(spec)},
+        "definitions": DEFINITIONS,
+        "sweep": {"kind": spec.kind, "levels": list(spec.levels), "rows": rows, "knee": knee,
+                  "run_dir": str(run_dir), "plot": str(run_dir / SWEEP_PLOT), "json": str(run_dir / SWEEP_JSON)},
+        "levels": [{"level": level, **{k: o.data[k] for k in ("metrics", "slo", "warmup", "failure_examples")}}
+                   for (level, _, _), o in zip(plans, results, strict=True)],
+    }
+    runs = [(level, o.result) for (level, _, _), o in zip(plans, results, strict=True)]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / SWEEP_JSON).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        top = plans[0][2].percentiles[-1]
+        sweep_plot.plot(rows, knee, run_dir / SWEEP_PLOT, tail=(keys[-1], f"p{top:g}"),
+                        title=f"dsctl probe {first['target']['url']} ({first['target']['model']}): {spec}")
+    except OSError as exc:
+        raise DsctlError(f"--run-dir {run_dir}: {exc.strerror or exc}") from None
+    if cfg.record is not None:
+        write_record(cfg.record, runs, text=cfg.save_text)
+    if cfg.csv is not None:
+        write_csv(cfg.csv, runs, text=cfg.save_text)
+    code, errors = ExitStatus.OK, []
+    for (level, _, _), outcome in zip(plans, results, strict=True):
+        if outcome.exit_status not in (ExitStatus.OK, ExitStatus.SLO_NOT_MET):
+            code = outcome.exit_status
+            errors = [f"{spec.kind} {level:g}: {e}" for e in outcome.errors]
+            break
+    return ProbeResult(data=data, exit_status=code, errors=tuple(errors), result=results[-1].result,
+                       levels=tuple(o.result for o in results))

@@ -56,10 +56,11 @@ class HttpProber:
     def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None,
               request_id_header: str | None, timeouts: Timeouts,
               load: Load, warmup: int, body: BodyMaker, backstop: float, on_model: Callable[[str], None],
-              on_finish: FinishHook, lag_samples: list[float] | None = None) -> tuple[str, RunResult]:
+              on_finish: FinishHook, lag_samples: list[float] | None = None, keep_text: bool = False
+              ) -> tuple[str, RunResult]:
         async def main() -> tuple[str, RunResult]:
             async with ProbeClient(target, api_key=api_key, timeouts=timeouts, lag_samples=lag_samples,
-                                   request_id_header=request_id_header) as client:
+                                   request_id_header=request_id_header, keep_text=keep_text) as client:
                 resolved = await _resolve_model(client, model)
                 on_model(resolved)
 

@@ -8,12 +8,13 @@ Definitions (vllm-project/vllm `vllm/benchmarks/lib/endpoint_request_func.py`,
 * ITL   = every gap between consecutive choice-bearing messages; statistics are over the flattened list of the
           gaps of all successful requests.
 * E2EL  = last choice-bearing message - sent (the trailing usage-only chunk does not extend it).
-* Output length = ``usage.completion_tokens`` when the server returned it (method "usage"), otherwise the number of
-          text-bearing messages (method "chunks"): a message counts when its ``text`` / ``delta.content`` /
-          ``delta.reasoning_content`` is a non-empty string, so keep-alive messages with empty text and a chat
-          stream's role-only first delta count for TTFT (as in vLLM) but not as tokens.  vLLM re-tokenises the
-          text instead; without a tokenizer, counting messages is exact for engines that stream one token per
-          message (all of them unless speculative decoding or server-side batching of deltas is on).
+* Output length = ``usage.completion_tokens`` when the server returned it (method "usage"), otherwise the
+          generated text re-tokenised with ``--tokenizer`` when one was given (method "tokenizer", as vLLM
+          re-tokenises), otherwise the number of text-bearing messages (method "chunks"): a message counts when its
+          ``text`` / ``delta.content`` / ``delta.reasoning_content`` is a non-empty string, so keep-alive messages
+          with empty text and a chat stream's role-only first delta count for TTFT (as in vLLM) but not as tokens.
+          Without a tokenizer, counting messages is exact for engines that stream one token per message (all of
+          them unless speculative decoding or server-side batching of deltas is on).
 * TPOT  = (E2EL - TTFT) / (output_len - 1), only for requests with output_len > 1; for goodput such requests
           count as TPOT = 0.
 * Success = HTTP 200, at least one choice-bearing message and the stream's closing ``data: [DONE]``.  A stream
@@ -45,7 +46,8 @@ from typing import Any
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 DEFAULT_MAX_ERROR_RATE = 0.05  # failed / finished above this is reported as exceeded
-OUTPUT_METHODS = ("usage", "chunks")
+OUTPUT_METHODS = ("usage", "tokenizer", "chunks")
+MAX_PERCENTILES = 12  # --percentiles: more columns than this is not a summary
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # the keys vLLM's --goodput accepts
 
@@ -76,6 +78,10 @@ class RequestRecord:
     end: float = math.nan  # when the response ended (stream closed, [DONE], or failure)
     cancelled: bool = False  # stopped by the probe itself (early stop); neither success nor failure
     response_id: str | None = None  # the "id" of the first choice-bearing message (cmpl-..., chatcmpl-...)
+    # the generated text, piece by piece, when the client was asked to keep it (the client holds each message's raw
+    # bytes while the run lasts and turns them into text when it ends)
+    text_parts: list[str] | None = None
+    tokenized_output: int | None = None  # the generated text re-tokenised (``--tokenizer``), when there was no usage
 
     @property
     def success(self) -> bool:
@@ -91,12 +97,21 @@ class RequestRecord:
 
     @property
     def output_method(self) -> str:
-        """How ``output_len`` was counted: "usage" (the server's completion_tokens) or "chunks" (text messages)."""
-        return "usage" if self.output_tokens is not None else "chunks"
+        """How ``output_len`` was counted: "usage" (the server's completion_tokens), "tokenizer" (the generated text
+        re-tokenised) or "chunks" (text-bearing messages)."""
+        if self.output_tokens is not None:
+            return "usage"
+        return "tokenizer" if self.tokenized_output is not None else "chunks"
 
     @property
     def output_len(self) -> int:
-        return self.output_tokens if self.output_tokens is not None else self.text_chunks
+        if self.output_tokens is not None:
+            return self.output_tokens
+        return self.tokenized_output if self.tokenized_output is not None else self.text_chunks
+
+    @property
+    def text(self) -> str | None:
+        return None if self.text_parts is None else "".join(self.text_parts)
 
     @property
     def tpot(self) -> float | None:
@@ -139,7 +154,7 @@ def summarize(values: Iterable[float], scale: float = 1.0, percentiles: Sequence
     out: dict[str, Any] = {"n": n}
     if n == 0:
         out.update({"mean": None, "median": None, "std": None, "min": None, "max": None})
-        out.update({_pkey(p): None for p in percentiles})
+        out.update({percentile_key(p): None for p in percentiles})
         return out
     mean = math.fsum(data) / n
     out["mean"] = mean
@@ -147,12 +162,33 @@ def summarize(values: Iterable[float], scale: float = 1.0, percentiles: Sequence
     out["std"] = math.sqrt(math.fsum((v - mean) ** 2 for v in data) / n)
     out["min"] = data[0]
     out["max"] = data[-1]
-    out.update({_pkey(p): percentile(data, p) for p in percentiles})
+    out.update({percentile_key(p): percentile(data, p) for p in percentiles})
     return out
 
 
-def _pkey(p: float) -> str:
+def percentile_key(p: float) -> str:
+    """The key a percentile has in `summarize`'s result: 90 -> "p90", 99.9 -> "p99_9"."""
     return f"p{p:g}".replace(".", "_")
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """``"50,90,99,99.9"`` -> (50.0, 90.0, 99.0, 99.9): ascending, without duplicates, each in (0, 100]."""
+    values: set[float] = set()
+    for term in (t.strip() for t in text.replace(" ", ",").split(",")):
+        if not term:
+            continue
+        try:
+            value = float(term.removeprefix("p"))
+        except ValueError:
+            raise ValueError(f"percentile {term!r} is not a number (expected e.g. 50,90,99,99.9)") from None
+        if math.isnan(value) or not 0.0 < value <= 100.0:
+            raise ValueError(f"percentile {term!r}: each must be above 0 and at most 100")
+        values.add(value)
+    if not values:
+        raise ValueError(f"{text!r}: expected a comma-separated list such as 50,90,99,99.9")
+    if len(values) > MAX_PERCENTILES:
+        raise ValueError(f"{len(values)} percentiles: at most {MAX_PERCENTILES}")
+    return tuple(sorted(values))
 
 
 # -- goodput / SLO bounds -----------------------------------------------------------------------------------
@@ -265,6 +301,34 @@ def calculate_metrics(records: Sequence[RequestRecord], duration: float,
         "output_tokens_counted_by": counted_by,
         "errors": errors,
     }
+
+
+CSV_FIELDS = ("id", "sent", "ttft_ms", "e2el_ms", "tpot_ms", "prompt_tokens", "output_tokens", "output_counted_by",
+              "status", "success", "error", "error_detail")
+
+
+def request_row(r: RequestRecord, perf_to_wall: float, *, text: bool = False) -> dict[str, Any]:
+    """One measured request as the --record line and the --csv row hold it: wall-clock times (``time.time()``
+    seconds; ``perf_to_wall`` turns the records' perf_counter clock into it) and ms latencies, None where a failed
+    request has none; ``text`` adds the generated text (None when it was not kept)."""
+    ok = r.success
+    tpot = r.tpot if ok else None
+    row: dict[str, Any] = {
+        "id": r.request_id, "scheduled": r.scheduled + perf_to_wall,
+        "sent": None if math.isnan(r.sent) else r.sent + perf_to_wall,
+        "first_token_time": r.chunk_times[0] + perf_to_wall if r.chunk_times else None,
+        "finish_time": None if math.isnan(r.end) else r.end + perf_to_wall,
+        "ttft_ms": r.ttft * 1e3 if ok else None, "e2el_ms": r.e2el * 1e3 if ok else None,
+        "tpot_ms": None if tpot is None else tpot * 1e3,
+        "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_len if ok else None,
+        "output_counted_by": r.output_method if ok else None,
+        "messages": len(r.chunk_times), "status": r.status, "success": ok,
+        "error": None if r.error is None else str(r.error), "error_detail": r.error_detail or None,
+        "cancelled": r.cancelled,
+    }
+    if text:
+        row["text"] = r.text
+    return row
 
 
 def max_output_tokens_per_s(ok: Sequence[RequestRecord]) -> float:

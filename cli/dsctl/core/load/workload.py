@@ -3,10 +3,14 @@
 Lengths: ``512`` (fixed), ``uniform:256:1024`` (integers, both ends included), ``normal:512:64`` (mean, std,
 rounded and clipped to [1, mean + 4 std]).
 
-Synthetic prompts approximate a token count by a word count: each word is drawn from a list of short, common
-lower-case English words that BPE tokenizers (Qwen, DeepSeek, Llama) encode as one token each with their leading
-space, so a prompt of N words is N tokens to within a few percent. The engine's ``usage.prompt_tokens`` is the
-exact figure and is what the metrics use when the server returns it. Chat requests add the chat template's tokens.
+Synthetic prompts of exactly N tokens: each word is drawn from a list of short, common lower-case English words of
+at most 8 letters. Under the lab engine's token rule (`dsctl.engine.text.count_tokens`: one token per word and
+punctuation mark, a word longer than 8 characters one per started 8) each is one token, so a prompt of N words is
+exactly N tokens there; BPE tokenizers (Qwen, DeepSeek, Llama) also encode nearly all of them as one token with
+their leading space. With a tokenizer (``counter``, `dsctl probe --tokenizer`) the prompt is fitted to exactly N
+of its tokens: the words are cut where the count reaches N, and when a word boundary skips over N (a word of two
+tokens at the end) shorter words pad the gap (`fit_words`). Chat requests add the chat template's
+tokens. The server's ``usage.prompt_tokens``, when returned, is what the metrics use.
 
 Shared prefix: with share s, the first round(s * L) words of a prompt of L words come from one common text (the same
 for every request of the probe); the rest is unique to the request and starts with the request's index (spelled
@@ -18,10 +22,15 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dsctl.core.load import dataset
+from dsctl.engine.text import count_tokens
+
+Counter = Callable[[str], int]  # tokens of a text
 
 # Short common words; each one token with its leading space in the usual BPE vocabularies.
 WORDS = tuple("""
@@ -39,6 +48,8 @@ together got group often run important until children side feet car mile night w
 four carry state once book hear stop without second late miss idea enough eat face watch far real almost let above
 girl sometimes mountain cut young talk soon list song being leave family
 """.split())
+WORDS = tuple(w for w in WORDS if len(w) <= 8)  # the engine's rule counts a longer word as 2 tokens
+FIT_ALTERNATES = 64  # words tried as padding when a tokenizer's count skips over N at a word boundary
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -100,35 +111,48 @@ class PlannedRequest:
     output_tokens: int  # max_tokens
 
 
-def load_prompts(path: Path) -> list[dict[str, Any]]:
-    """A JSONL file: one object per line with "prompt" (string) or "messages" (chat list), and optionally
-    "output_tokens" (or "max_tokens") and "prompt_tokens". Blank lines are skipped."""
-    items: list[dict[str, Any]] = []
+def load_prompts(path: Path, count: Counter | None = None) -> list[dict[str, Any]]:
+    """A JSONL prompts file (`dsctl.core.load.dataset`'s JSONL format); ``count``: tokens of a text (default: the
+    engine's rule), for entries without "prompt_tokens"."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"prompts file {path}: {exc.strerror or exc}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"prompts file {path} line {number}: not JSON ({exc.msg})") from None
-        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str)
-                                              or isinstance(item.get("messages"), list)):
-            raise ValueError(f"prompts file {path} line {number}: needs a \"prompt\" string or a \"messages\" list")
-        out = item.get("output_tokens", item.get("max_tokens"))
-        if out is not None and (not isinstance(out, int) or out < 1):
-            raise ValueError(f"prompts file {path} line {number}: output_tokens must be a positive integer")
-        items.append(item)
-    if not items:
-        raise ValueError(f"prompts file {path}: no prompts")
-    return items
+    return dataset.parse(text, f"prompts file {path}", count or engine_tokens, sharegpt=False).items
 
 
-def approx_tokens(text: str) -> int:
-    return max(1, len(text.split()))
+def engine_tokens(text: str) -> int:
+    """The lab engine's token count of ``text`` (at least 1)."""
+    return max(1, count_tokens(text))
+
+
+def fit_words(fixed: list[str], filler: list[str], n: int, count: Counter) -> tuple[str, int]:
+    """The words ``fixed`` then as many of ``filler`` as make exactly ``n`` tokens by ``count``, joined by spaces;
+    returns (text, its count), the count differing from ``n`` only when padding with the first ``FIT_ALTERNATES``
+    words cannot fill the gap (or ``fixed`` alone is longer). ``filler`` should hold at least ``n`` words."""
+    def text(k: int) -> str:
+        return " ".join(fixed + filler[:k])
+
+    guess = max(0, min(len(filler), n - len(fixed)))
+    got = count(text(guess))
+    if got == n:  # the usual case: one token per word
+        return text(guess), n
+    lo, hi = 0, len(filler)  # the largest k whose count is at most n (counts grow with k)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(text(mid)) <= n:
+            lo = mid
+        else:
+            hi = mid - 1
+    best, got = text(lo), count(text(lo))
+    for word in WORDS[:FIT_ALTERNATES]:  # pad with short words, keeping each that does not overshoot
+        if got == n:
+            break
+        candidate = f"{best} {word}" if best else word
+        c = count(candidate)
+        if c <= n:
+            best, got = candidate, c
+    return best, got
 
 
 class Workload:
@@ -137,7 +161,9 @@ class Workload:
     POOL = 1 << 16
 
     def __init__(self, prompt_len: LengthSpec, output_len: LengthSpec, *, shared_prefix: float = 0.0,
-                 prompts: list[dict[str, Any]] | None = None, seed: int = 0):
+                 prompts: list[dict[str, Any]] | None = None, seed: int = 0, counter: Counter | None = None):
+        """``counter``: a tokenizer's count of a text; synthetic prompts are then fitted to exactly N of its tokens
+        (without one, N words are N tokens under the engine's rule)."""
         if not 0.0 <= shared_prefix <= 1.0:
             raise ValueError(f"shared prefix {shared_prefix:g}: must be between 0 and 1")
         self.prompt_len = prompt_len
@@ -145,11 +171,21 @@ class Workload:
         self.shared_prefix = shared_prefix
         self.prompts = prompts
         self.seed = seed
+        self.counter = counter
+        self._prefix_cache: dict[int, str] = {}
         pool_rng = random.Random(f"{seed}:pool")
         self._pool = [pool_rng.choice(WORDS) for _ in range(self.POOL)]
         prefix_max = int(prompt_len.b if prompt_len.kind == "uniform" else
                          (prompt_len.a + 4 * prompt_len.b if prompt_len.kind == "normal" else prompt_len.a))
         self._prefix = [pool_rng.choice(WORDS) for _ in range(max(1, prefix_max))] if shared_prefix > 0 else []
+
+    def _prefix_text(self, tokens: int) -> str:
+        """The common prefix fitted to ``tokens`` of the tokenizer's tokens (one per prompt length, cached)."""
+        text = self._prefix_cache.get(tokens)
+        if text is None:
+            text = fit_words([], self._prefix, tokens, self.counter)[0]  # type: ignore[arg-type]
+            self._prefix_cache[tokens] = text
+        return text
 
     def _words(self, rng: random.Random, n: int) -> list[str]:
         start = rng.randrange(self.POOL)
@@ -163,15 +199,20 @@ class Workload:
         if self.prompts is not None:
             item = self.prompts[index % len(self.prompts)]
             out = item.get("output_tokens", item.get("max_tokens")) or self.output_len.sample(rng)
+            count = self.counter or engine_tokens
             if isinstance(item.get("messages"), list):
                 text = " ".join(str(m.get("content", "")) for m in item["messages"] if isinstance(m, dict))
-                tokens = int(item.get("prompt_tokens") or approx_tokens(text))
+                tokens = int(item.get("prompt_tokens") or count(text))
                 return PlannedRequest(index, None, item["messages"], tokens, int(out))
-            tokens = int(item.get("prompt_tokens") or approx_tokens(item["prompt"]))
+            tokens = int(item.get("prompt_tokens") or count(item["prompt"]))
             return PlannedRequest(index, item["prompt"], None, tokens, int(out))
         length = self.prompt_len.sample(rng)
         shared = min(length - 1, round(self.shared_prefix * length)) if self.shared_prefix > 0 else 0
         tag = _tag(index)[: length - shared]
+        if self.counter is not None:  # the shared share and the whole prompt in the tokenizer's tokens
+            fixed = ([self._prefix_text(shared)] if shared else []) + tag
+            text, tokens = fit_words(fixed, self._words(rng, length + 16), length, self.counter)
+            return PlannedRequest(index, text, None, tokens, self.output_len.sample(rng))
         words = self._prefix[:shared] + tag + self._words(rng, length - shared - len(tag))
         return PlannedRequest(index, " ".join(words), None, length, self.output_len.sample(rng))
 

@@ -54,8 +54,8 @@ are the extremes of each axis (tests/unit/test_evaluate.py::test_no_single_corne
 
     SLO / load                      meet  best (B, S, t)    goodput   at the best      best corner
     itl  p99 <= 20 ms at 1 req/s       8  (4, 1, 0.15)      0.97/s    itl  17.0 ms     (64, 1, 0): 0.97/s, 18 ms
-    e2el p99 <= 15 s  at 1 req/s      12  (16, 1, 0.15)     0.97/s    e2el 5.92 s      (64, 1, 0): 0.97/s, 5.94 s
-    tpot p99 <= 60 ms at 4 req/s      16  (64, 2, 0)        3.29/s    tpot 33 ms       (64, 1, 0): 3.11/s, 23 ms
+    e2el p99 <= 15 s  at 1 req/s      12  (16, 1, 0.15)     0.97/s    e2el 5.92 s      (64, 1, 0): 0.97/s, 5.93 s
+    tpot p99 <= 60 ms at 4 req/s      16  (64, 2, 0.15)     3.28/s    tpot 33 ms       (64, 1, 0): 3.12/s, 23 ms
 
 Threshold 0.5 never qualifies (agreement 0.68); (64, 8, 0) does not start (512 full-length KV slots do not
 fit); 8 streams of one request each re-read the weights 8 times (ITL 103 ms).  No fixed-batch
