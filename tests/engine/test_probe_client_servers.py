@@ -369,6 +369,23 @@ def test_engine_records_match_the_probe_requests_with_or_without_the_header(engi
         assert key in recorded and recorded[key]["output_tokens"] == rec.output_len == 4
 
 
+def test_probes_running_at_once_in_several_threads_keep_their_bytes_apart(engine):
+    """tune probes its trial slots at once, one event loop per thread: a read buffer shared between threads
+    once garbled the streams ("bad chunked encoding")."""
+    def one(seed: int) -> list[RequestRecord]:
+        cfg = ProbeConfig(url=f"http://127.0.0.1:{engine.port}", api_key=KEY, model=MODEL, concurrency=8,
+                          requests=40, prompt_tokens="64", output_tokens="48", seed=seed, timeout=20.0)
+        return list(probe_verb(HttpProber(), cfg).result.records)
+
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        runs = list(pool.map(one, range(4)))
+    failed = [(r.error, r.error_detail) for records in runs for r in records if not r.success]
+    assert not failed, failed[:3]
+    assert all(r.output_len == 48 for records in runs for r in records)
+
+
 # --------------------------------------------------------------------------- the probe verb's exit status
 
 

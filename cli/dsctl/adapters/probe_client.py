@@ -43,6 +43,7 @@ import socket
 import ssl
 import struct
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -128,15 +129,25 @@ _SO_TIMESTAMPNS = 35 if sys.platform == "linux" and platform.machine() in ("x86_
 _TIMESPEC = struct.Struct("qq")
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 _READ_SIZE = 256 * 1024
-_BUFFER = bytearray(_READ_SIZE)
-_VIEW = memoryview(_BUFFER)
-_BUFFERS = [_BUFFER]
+
+
+class _ReadBuffer(threading.local):
+    """One read buffer per thread: no large allocation per read, and probes running at once in several threads
+    (tune's trial slots, each with its own event loop) never read into each other's bytes."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(_READ_SIZE)
+        self.view = memoryview(self.buffer)
+        self.buffers = [self.buffer]
+
+
+_READ = _ReadBuffer()
 
 
 class _SocketTransport:
     """A plain-TCP transport for _Conn that reads with recvmsg to get the kernel's receive timestamp."""
 
-    __slots__ = ("loop", "sock", "fd", "conn", "closing", "pending", "stamped", "lags")
+    __slots__ = ("loop", "sock", "fd", "conn", "closing", "pending", "stamped", "lags", "buffers", "view")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, conn: _Conn):
         self.loop = loop
@@ -147,11 +158,12 @@ class _SocketTransport:
         self.pending = b""
         self.stamped = 0  # reads that carried a kernel timestamp
         self.lags = conn.client.lag_samples  # when measuring: how late the loop got to each read (seconds)
+        self.buffers, self.view = _READ.buffers, _READ.view  # created in the loop's thread: that thread's buffer
         loop.add_reader(self.fd, self._readable)
 
     def _readable(self) -> None:
         try:
-            size, ancillary, _, _ = self.sock.recvmsg_into(_BUFFERS, _ANC_SIZE)
+            size, ancillary, _, _ = self.sock.recvmsg_into(self.buffers, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -161,7 +173,7 @@ class _SocketTransport:
         if not size:
             self._shutdown(None)
             return
-        data = _VIEW[:size].tobytes()  # one shared buffer: no large allocation per read (single-threaded loop)
+        data = self.view[:size].tobytes()  # this thread's buffer (one event loop per thread)
         for level, kind, cdata in ancillary:
             if kind == _SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(cdata) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(cdata)

@@ -56,10 +56,21 @@ def _status_cell(record: TrialRecord) -> str:
     return f"{record.failure}: {detail[:STATUS_CHARS]}" if detail else str(record.failure)
 
 
+def _params_cell(result: tune_verb.TuneResult | tune_live.LiveTuneResult, record: TrialRecord) -> str:
+    """Live: only what differs from the baseline (the service's own configuration), so the row stays readable."""
+    if not isinstance(result, tune_live.LiveTuneResult):
+        return tune_verb.config_text(record)
+    space, base = result.plan.space, result.plan.baseline
+    baseline = {**space.params(base), **space.fields(base)}
+    changed = {k: v for k, v in {**record.params, **record.fields}.items()
+               if k not in baseline or not tune_live.same_value(v, baseline[k])}
+    return " ".join(f"{k}={tune_verb.format_value(v)}" for k, v in changed.items()) or "(baseline)"
+
+
 def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
     rows = []
     for rank, record in enumerate(result.ranked()[:TABLE_ROWS], start=1):
-        rows.append([rank, record.number, tune_verb.config_text(record),
+        rows.append([rank, record.number, _params_cell(result, record),
                      "-" if record.rate is None else f"{record.rate:.3g}",
                      "-" if record.objective is None else f"{record.objective:.3g}", _slo_cell(record),
                      _status_cell(record)])

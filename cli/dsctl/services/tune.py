@@ -303,10 +303,10 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
 
 
 def config_text(record: TrialRecord) -> str:
-    return " ".join(f"{k}={_value(v)}" for k, v in {**record.params, **record.fields}.items())
+    return " ".join(f"{k}={format_value(v)}" for k, v in {**record.params, **record.fields}.items())
 
 
-def _value(value: Any) -> str:
+def format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return f"{value:g}" if isinstance(value, float) else str(value)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import posixpath
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -322,6 +323,24 @@ def _first_line(lines: list[str] | tuple[str, ...]) -> str:
     return next((line for line in lines if line.strip()), "")
 
 
+# inference_service's failure message (roles/inference_service/tasks/rollout.yml): the reason, then the rollback.
+_START_REASON = re.compile(r"the new configuration failed: (?P<reason>.*?); (?:rolled back|failed)", re.S)
+
+
+def start_failure(errors: tuple[str, ...] | list[str], where: Mapping[str, Any]) -> Outcome:
+    """A candidate deploy's health gate refused: its failure class and the engine's own reason (pure).
+
+    A ValueError before the engine listened is vLLM refusing its arguments (e.g. "max_num_batched_tokens (3475)
+    is smaller than max_model_len (131072)"): a bad flag combination, as --simulate classifies it."""
+    text = "\n".join(errors)
+    match = _START_REASON.search(text)
+    reason = match.group("reason").strip() if match else _first_line(errors)
+    failure = search.classify_failure(text)
+    if failure == Failure.ERROR and re.search(r"\bValueError\b", reason):
+        failure = Failure.BAD_FLAG
+    return Outcome(failure=failure, detail=reason, data={**where, "log_tail": text[-2000:]})
+
+
 class LiveTune:
     """One live tune: the evaluator on the fleet's slots, the baseline, the end and the restore."""
 
@@ -416,10 +435,7 @@ class LiveTune:
         if self.trials.stop.is_set():
             raise _Stopped
         if result.exit_status != ExitStatus.OK:
-            text = "\n".join(result.errors)
-            failure = search.classify_failure(text)
-            reason = _first_line(result.errors)
-            return Outcome(failure=failure, detail=reason, data={**where, "log_tail": text[-2000:]})
+            return start_failure(result.errors, where)
         outcome = self._measure(slot, candidate)
         if outcome.failure is None and candidate.needs_quality:
             self._stage(slot, candidate.number, "quality check")
@@ -522,9 +538,16 @@ def _status(record: TrialRecord) -> str:
     return "feasible" if record.feasible else (record.failure or "running")
 
 
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(a, b, abs_tol=1e-9)
+    return a == b
+
+
 def _same_config(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return set(a) == set(b) and all(
-        math.isclose(a[k], b[k]) if isinstance(a[k], float) or isinstance(b[k], float) else a[k] == b[k] for k in a)
+    return set(a) == set(b) and all(same_value(a[k], b[k]) for k in a)
 
 
 def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
