@@ -68,8 +68,8 @@ def test_resume_through_the_cli(tmp_path):
 def test_refusals_are_one_line_with_their_exit_status(tmp_path):
     live = run_cli(tmp_path, "--model", "r1-7b", "--slo", "ttft=200ms")
     assert live.returncode == 2 and live.stdout == ""
-    assert live.stderr.splitlines() == ["dsctl: error: live tuning on the fleet is not available yet; use --simulate "
-                                        "to tune on dsctl's offline engine model"]
+    assert live.stderr.splitlines() == ["dsctl: error: give the INVENTORY whose service to tune, or --simulate "
+                                        "--model M for a what-if study"]
     impossible = run_cli(tmp_path, "--simulate", "--model", "deepseek-v3", "--chip", "910B3", "--slo", "ttft=200ms",
                          "--prompt-tokens", "131072", "--npus", "16")
     assert impossible.returncode == 6 and impossible.stdout == ""
@@ -83,3 +83,38 @@ def test_refusals_are_one_line_with_their_exit_status(tmp_path):
                                        "stream_num in space fixed-batch; set batch_size or stream_num instead"]
     missing = run_cli(tmp_path, "--simulate", "--model", "r1-7b")
     assert missing.returncode == 2 and "--slo is required" in missing.stderr
+
+
+def fleet_inventory(tmp_path: Path, model: str, npus: int, **service) -> Path:
+    """An inventory of one host that is never contacted: what tune refuses, it refuses before any restart."""
+    entry = {"name": "chat", "engine": "vllm-ascend", "model": model, "npus_per_instance": npus, "instances": 1,
+             "allow_unauthenticated": True, **service}
+    inventory = {"all": {"children": {"npu_nodes": {"hosts": {"h1": {"ansible_host": "192.0.2.10"}}, "vars": {
+        "dsctl_npu_count": npus, "dsctl_service_manager": "supervisor", "dsctl_package_source": "/srv/packages",
+        "dsctl_services": [entry]}}}}}
+    path = tmp_path / "inventory.yml"
+    path.write_text(json.dumps(inventory))
+    return path
+
+
+def test_live_refusals_come_before_any_host_is_contacted(tmp_path):
+    inventory = fleet_inventory(tmp_path, "/models/DeepSeek-V3", 16)
+    impossible = run_cli(tmp_path, str(inventory), "--slo", "ttft=200ms", "--prompt-tokens", "131072")
+    assert impossible.returncode == 6 and impossible.stdout == "", impossible.stderr
+    (line,) = impossible.stderr.splitlines()
+    assert line.startswith("dsctl: error: no configuration of deepseek-v3 on 16 x 910B3 can meet ttft:p99=200ms "
+                           "for 131072-token prompts: roofline:")
+    assert "needs at least 10.3 s" in line
+    assert not (tmp_path / "state" / "dsctl" / "runs").exists()  # no run directory, no playbook, no restart
+    inventory = fleet_inventory(tmp_path, "/models/DeepSeek-R1-Distill-Qwen-7B", 4)
+    for args, words in (
+            (["--service", "chta"], "--service chta: no such service in dsctl_services (known: chat)"),
+            (["--param", "max_num_seqz=8:64"], "max_num_seqz"),
+            (["--model", "r1-7b"], "--model, --npus, --max-model-len and --slots are --simulate's"),
+            (["--budget", "0"], "--budget must be in 1..200 restarts, got 0")):
+        bad = run_cli(tmp_path, str(inventory), "--slo", "ttft=2s", *args)
+        assert bad.returncode == 2 and bad.stdout == "", bad.stderr
+        (line,) = bad.stderr.splitlines()
+        assert words in line, line
+    with_inventory = run_cli(tmp_path, str(inventory), "--simulate", "--model", "r1-7b", "--slo", "ttft=2s")
+    assert with_inventory.returncode == 2 and "--simulate reads no inventory" in with_inventory.stderr

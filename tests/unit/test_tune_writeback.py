@@ -100,3 +100,18 @@ def test_unchanged_values_write_nothing(inventory: Path):
     result = write_back(inventory, "chat", {"max_num_seqs": 64, "gpu_memory_utilization": 0.9})
     assert result.written == () and result.changed == {} and path.stat().st_mtime_ns == stamp
     assert [d.index for d in find_definitions(inventory, "chat")[0]] == [0]
+
+
+def test_an_inventory_files_own_vars_are_edited_too(tmp_path: Path):
+    """`dsctl lab up` (and many sites) keep dsctl_services in the inventory file's group vars."""
+    path = tmp_path / "inventory.yml"
+    path.write_text("# the fleet\nall:\n  children:\n    npu_nodes:\n      hosts:\n"
+                    "        h1: {ansible_host: 10.0.0.1}\n"
+                    "      vars:\n        dsctl_services:\n          - name: chat  # the chat service\n"
+                    "            engine: vllm-ascend\n            params:\n              max_num_seqs: 64\n")
+    result = write_back(path, "chat", {"max_num_seqs": 96}, fields={"tensor_parallel_size": 2})
+    assert result.written == (path,)
+    text = path.read_text()
+    assert "# the fleet" in text and "# the chat service" in text
+    entry = yaml.safe_load(text)["all"]["children"]["npu_nodes"]["vars"]["dsctl_services"][0]
+    assert entry["params"] == {"max_num_seqs": 96} and entry["tensor_parallel_size"] == 2

@@ -176,8 +176,9 @@ def run(
             raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
         inputs = tune_verb.TuneInputs(
             model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
-            objective=objective, budget=budget or 20, slots=slots, seed=seed, prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens, requests=requests or 100, rate=rate, params=tuple(param or ()),
+            objective=objective, budget=20 if budget is None else budget, slots=slots, seed=seed,
+            prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+            requests=100 if requests is None else requests, rate=rate, params=tuple(param or ()),
             npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None)
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
@@ -191,8 +192,9 @@ def run(
                              "them from the service, one slot per instance")
         live = tune_live.LiveTuneInputs(
             inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
-            objective=objective, budget=budget or 16, seed=seed, prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens, requests=requests or 60, rate=rate, params=tuple(param or ()),
+            objective=objective, budget=16 if budget is None else budget, seed=seed, prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens, requests=60 if requests is None else requests, rate=rate,
+            params=tuple(param or ()),
             min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
             limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time)
         tune_live.prepare(live)  # bad options and impossible SLOs refused before a run directory is made
