@@ -342,3 +342,75 @@ def test_a_service_removed_from_the_inventory_is_stopped_and_archived(served_lab
     assert probe("http://10.78.0.11:8001").returncode == 0
     code, report = deploy(inventory(lab, directory, [KEYED]), "--limit", "lab-02")
     assert code == 0 and set(statuses(report).values()) == {"unchanged"}
+
+
+# --------------------------------------------------------------------------- dsctl tune, live, on this module's lab
+# The last tests of the module: the tune inventory declares only its own service (a and b are retired).
+
+TUNE = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
+        "served_model_name": "r1-7b", "npus_per_instance": 4, "instances": 2, "port": 8100, "health_timeout_s": 120,
+        "allow_unauthenticated": True, "params": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
+        # the emulated engine at half time (its start-up and every latency), as a site could set it too
+        "env": {"DSCTL_ENGINE_TIME_SCALE": "0.5"}}
+TUNE_ARGS = ("--slo", "ttft=200ms", "--requests", "16", "--prompt-tokens", "256", "--output-tokens", "32",
+             "--warmup", "2")
+
+
+def tune_inventory(lab, directory: Path) -> Path:
+    (directory / "tune").mkdir(exist_ok=True)
+    return inventory(lab, directory / "tune", [TUNE])
+
+
+def test_a_live_tune_meets_the_slo_writes_the_winner_back_and_every_instance_serves_it(served_lab):
+    lab, directory = served_lab
+    path = tune_inventory(lab, directory)
+    code, report = deploy(path)
+    assert code == 0, report["errors"]
+    # 0.05 leaves no memory for the KV cache: such a candidate fails its start, is recorded and rolled back
+    result = dsctl("tune", str(path), *TUNE_ARGS, "--budget", "6", "--seed", "2", "--param",
+                   "gpu_memory_utilization=0.05,0.9", "--write-back", "--json", check=False, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)["data"]
+    best = data["best"]
+    assert best["feasible"] and best["slo_values"]["ttft:p99"] <= 200 and best["rate"] > 0
+    assert len(data["slots"]) == 4 and data["counts"]["evaluated"] == 6
+    oom = [t for t in data["trials"] if t["failure"] == "out_of_memory"]
+    assert oom, [(t["number"], t["failure"], t["config"]) for t in data["trials"]]
+    assert "No available memory for the cache blocks" in oom[0]["detail"]
+    # the winner is in the inventory now, every instance runs it (a deploy restarts nothing), and each one was
+    # confirmed by a probe at the rate tune reported
+    written = yaml.safe_load(path.read_text())["all"]["children"]["npu_nodes"]["vars"]["dsctl_services"][0]
+    assert all(written["params"][key] == value for key, value in best["params"].items())
+    assert data["written"] == [str(path)] and data["deployed"] in ("winner", "baseline")
+    assert len(data["verification"]) == 4 and all(v["met"] for v in data["verification"])
+    code, report = deploy(path)
+    assert code == 0 and set(statuses(report).values()) == {"unchanged"}, report
+    confirm = dsctl("probe", "http://10.78.0.12:8101", "--rate", f"{best['rate']:g}", "--requests", "16",
+                    "--prompt-tokens", "256", "--output-tokens", "32", "--goodput", "ttft:200", "--slo-stat", "p99",
+                    "--json", check=False)
+    assert confirm.returncode == 0, confirm.stdout + confirm.stderr
+    assert json.loads(confirm.stdout)["data"]["slo"]["met"]
+    assert Path(data["plot_path"]).stat().st_size > 0 and Path(data["trials_path"]).read_text().count("\n") >= 6
+
+
+def test_ctrl_c_during_a_live_tune_restores_every_instance(served_lab):
+    lab, directory = served_lab
+    path = tune_inventory(lab, directory)  # the baseline again (the test above wrote its winner into the file)
+    code, report = deploy(path)
+    assert code == 0, report["errors"]
+    err = directory / "tune-interrupted.err"
+    env = {**os.environ, "DSCTL_LAB_ROOT": str(LAB_ROOT), "COLUMNS": "200"}
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "dsctl", "tune", str(path), *TUNE_ARGS, "--budget", "12"],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env=env, text=True)
+        deadline = time.monotonic() + 300
+        while "\ntrial " not in err.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+        assert proc.poll() is None, err.read_text()
+        proc.send_signal(signal.SIGINT)  # a trial has finished, others are running
+        assert proc.wait(timeout=300) == 130, err.read_text()
+    text = err.read_text()
+    assert "every instance of chat restored to the inventory's configuration" in text, text
+    assert "dsctl tune --resume" in text
+    code, report = deploy(path)
+    assert code == 0 and set(statuses(report).values()) == {"unchanged"}, report

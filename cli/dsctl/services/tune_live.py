@@ -66,6 +66,7 @@ MAX_REQUESTS = 2000  # per probe
 # RATE_TOLERANCE; RATE_PROBES bounds the probes of one trial.
 MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.1, 512.0, 2.0, 0.15, 6
 PROBE_TIMEOUT_S = 120.0  # per request; a probe is bounded by its request count times this
+PROBE_MAX_S = 30.0  # a probe at a low rate sends requests for at most this long (fewer requests, not hours)
 QUALITY_TOKENS = 64
 LOG_LINES = 40
 STOP_WAIT_S = 120.0  # after Ctrl-C: how long the running trials get to stop before the restore starts
@@ -389,6 +390,7 @@ class LiveTune:
         stop = self.trials.stop
         cfg = probe_verb.ProbeConfig(
             url=slot.url, model=self.plan.model, rate=rate, requests=self.inputs.requests, warmup=warmup,
+            duration=PROBE_MAX_S if self.inputs.requests / rate > PROBE_MAX_S else None,
             prompt_tokens=self.inputs.prompt_tokens, output_tokens=self.inputs.output_tokens,
             goodput=tuple(f"{k}:{v:g}" for k, v in self.bounds.items()),
             slo_stat=self.early_stat or "p99", early_stop=bool(self.bounds) and self.early_stat is not None,

@@ -551,7 +551,8 @@ def apply_override(space: SearchSpace, override: Override, *, vllm_ascend: str |
                     log=override.log, step=None if override.log or kind == "int" else
                     (existing.step if existing is not None and existing.step and
                      _on_grid(low, high, existing.step) else None),
-                    lossy=lossy, source=f"--param {override.text}")
+                    lossy=lossy, unset=existing.unset if existing is not None else None,
+                    source=f"--param {override.text}")
     else:
         kind = "bool" if entry["type"] == "bool" else ("int" if entry["type"] == "int" else
                                                         "float" if entry["type"] == "float" else "categorical")
@@ -561,7 +562,8 @@ def apply_override(space: SearchSpace, override: Override, *, vllm_ascend: str |
         if len(set(values)) != len(values):
             raise _param_error(override.text, "a value is listed twice")
         knob = Knob(name=existing.name if existing else param, kind="categorical", param=param, choices=values,
-                    lossy=lossy, source=f"--param {override.text}")
+                    lossy=lossy, unset=existing.unset if existing is not None else None,
+                    source=f"--param {override.text}")
     if existing is None:
         return replace(space, knobs=(*space.knobs, knob))
     return _replace_knob(space, existing, knob)
