@@ -7,7 +7,9 @@ evaluator `dsctl tune --simulate` uses, services.tune.simulator, at the target's
 goodput among the configurations that meet the SLO (and the quality guard).  Then each method gets ``--restarts``
 evaluations (engine restarts; screened or invalid candidates cost none), over ``--seeds`` seeds:
 
-* dsctl: `search.Search` with its TPE sampler and the roofline screen, as `dsctl tune` runs it;
+* dsctl: `search.Search` with its TPE sampler, the roofline screen and the model screen (the offline engine model
+  predicting each candidate with requests of another seed than the table's: a prediction, not the measurement),
+  as `dsctl tune` runs it;
 * random: the same driver with seeded uniform sampling (``strategy="random"``);
 * grid: a coarse grid (low / middle / high of every knob), a seeded sample of ``--restarts`` of its points.
 
@@ -105,6 +107,10 @@ class Table:
 def run_search(table: Table, inputs: tune.TuneInputs, strategy: str, seed: int, restarts: int) -> tuple[float, float]:
     screen = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=64, output_tokens=16,
                                      slos=table.slos, npus_per_instance=1)
+    if strategy == "tpe":  # dsctl's own search also has the model screen (tune --screen model, the default)
+        _, space, workload = tune.resolve(inputs)
+        screen = screens.combined(screen, screens.model_screen(
+            tune.model_predictor(inputs, table.slos, space, workload), table.slos))
     result = Search(table.space, table.slos, table.evaluator,
                     SearchSettings(budget=restarts, seed=seed, strategy=strategy), screen=screen).run()
     evaluated = [t for t in result.trials if t.evaluated and t.duplicate_of is None]

@@ -38,7 +38,8 @@ def test_simulate_prints_the_ranked_table_progress_and_the_artifacts(tmp_path):
 
 
 def test_json_envelope_and_exit_6_naming_the_closest(tmp_path):
-    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=300ms", "--rate", "40", "--budget", "3",
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft=300ms", "--rate", "40",
+                     "--budget", "3",
                      "--json")
     assert result.returncode == 6, result.stderr
     envelope = json.loads(result.stdout)
@@ -53,10 +54,12 @@ def test_json_envelope_and_exit_6_naming_the_closest(tmp_path):
 
 
 def test_resume_through_the_cli(tmp_path):
-    first = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=2s", "--budget", "2", "--json")
+    first = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft=2s", "--budget", "2",
+                    "--json")
     assert first.returncode == 0, first.stderr
     run_dir = json.loads(first.stdout)["data"]["run_dir"]
-    again = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=2s", "--budget", "3", "--json", "--resume",
+    again = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft=2s", "--budget", "3",
+                    "--json", "--resume",
                     run_dir)
     assert again.returncode == 0, again.stderr
     data = json.loads(again.stdout)["data"]

@@ -48,7 +48,7 @@ def test_finds_a_feasible_configuration_for_an_easy_slo(tmp_path):
 
 
 def test_nothing_meets_an_slo_the_load_breaks_and_the_closest_is_named(tmp_path):
-    result = tune.run(inputs(tmp_path, slos=("ttft=300ms",), rate=40.0))
+    result = tune.run(inputs(tmp_path, slos=("ttft=300ms",), rate=40.0, screen="roofline"))
     assert result.exit_status == ExitStatus.SLO_NOT_MET and result.best is None
     closest = result.closest
     measured = [t for t in result.trials if t.evaluated and t.failure == Failure.SLO_MISS]
@@ -116,3 +116,14 @@ def test_start_up_failures_become_crash_classes(tmp_path):
 def test_bad_inputs_are_refused_in_one_line(tmp_path, changes, message):
     with pytest.raises(UsageError, match=message.replace(".", r"\.").replace("(", r"\(")):
         tune.resolve(inputs(tmp_path, **changes))
+
+
+def test_the_model_screen_starts_no_candidate_it_predicts_to_miss_by_far(tmp_path):
+    """At 40 req/s no fixed-batch configuration holds TTFT p99 <= 300 ms: the model screen rules them out before
+    any (simulated) restart, and says why."""
+    result = tune.run(inputs(tmp_path, slos=("ttft=300ms",), rate=40.0))
+    screened = [t for t in result.trials if t.failure == Failure.SCREENED]
+    assert result.best is None and screened
+    assert all(t.detail.startswith(("model: ttft:p99 predicted", "roofline:", "model: the engine would not start"))
+               for t in screened)
+    assert result.counts["evaluated"] < len([t for t in result.trials if t.duplicate_of is None])

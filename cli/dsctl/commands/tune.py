@@ -153,6 +153,9 @@ def run(
     ] = quality.DEFAULT_MIN_AGREEMENT,
     max_time: Annotated[float | None, typer.Option(
         "--max-time", help="Live: start no trial after this many seconds.")] = None,
+    screen: Annotated[str, typer.Option(
+        "--screen", help="model: the roofline bound, then dsctl's engine model (no restart for a candidate it "
+                         "predicts to fail its start or miss by over 50 %); roofline: the bound only.")] = "model",
     write_back: Annotated[bool, typer.Option(
         "--write-back", help="Live: write the winner's parameters into the inventory (comments kept).")] = False,
     npus: Annotated[int, typer.Option("--npus", help="--simulate: NPUs of one instance.")] = 1,
@@ -179,7 +182,7 @@ def run(
             objective=objective, budget=20 if budget is None else budget, slots=slots, seed=seed,
             prompt_tokens=prompt_tokens, output_tokens=output_tokens,
             requests=100 if requests is None else requests, rate=rate, params=tuple(param or ()),
-            npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None)
+            npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None, screen=screen)
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
         result: Any = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
@@ -196,7 +199,8 @@ def run(
             output_tokens=output_tokens, requests=60 if requests is None else requests, rate=rate,
             params=tuple(param or ()),
             min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
-            limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time)
+            limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time,
+            screen=screen)
         tune_live.prepare(live)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
         context = app_context(ctx)

@@ -74,6 +74,7 @@ class TuneInputs:
     npus_per_instance: int = 1
     max_model_len: int | None = None  # None: the model's own (as the engine does)
     resume: bool = False
+    screen: str = "model"  # "model": the roofline, then the offline engine model; "roofline": the bound only
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ def _check(inputs: TuneInputs) -> None:
         raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
     if inputs.npus_per_instance < 1:
         raise UsageError(f"--npus must be at least 1, got {inputs.npus_per_instance}")
+    if inputs.screen not in SCREENS:
+        raise UsageError(f"--screen {inputs.screen!r}: use model or roofline")
 
 
 def resolve(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:
@@ -228,6 +231,32 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
     return evaluator
 
 
+SCREENS = ("model", "roofline")
+MODEL_REQUESTS = 50  # requests of one model prediction (virtual time: well under a second)
+
+
+def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace,
+                    workload: Workload, *, seed_offset: int = 1) -> screens.Predictor:
+    """For `screens.model_screen`: a candidate's start-up on the offline engine model, then its metrics at the
+    lowest load the tune probes (``rate``, or the rate search's floor).  Its requests are drawn with another seed
+    than the evaluation's (``seed_offset``), as a model's prediction would differ from a measurement."""
+    bounds = slo.goodput_bounds_ms(slos)
+    rate = inputs.rate if inputs.rate is not None else MIN_RATE
+    requests = min(inputs.requests, MODEL_REQUESTS)
+
+    def predict(candidate: Candidate) -> tuple[str | None, dict | None]:
+        config = engine_config_for(inputs, space, candidate)
+        try:
+            engine_config.plan(config)
+        except engine_config.StartupFailure as exc:
+            return exc.message, None
+        e = evaluate.evaluate(config, workload, arrivals.ArrivalSpec(process="poisson", rate=rate), requests,
+                              seed=inputs.seed + seed_offset, goodput_ms=bounds)
+        return None, dict(e.metrics) if e.ok and e.metrics else None
+
+    return predict
+
+
 def _agreement(config: EngineConfig) -> float:
     from dsctl.core.perf import perfmodel
 
@@ -280,6 +309,8 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
     screen = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
                                      output_tokens=shortest_output, slos=slos,
                                      npus_per_instance=inputs.npus_per_instance)
+    if inputs.screen == "model":
+        screen = screens.combined(screen, screens.model_screen(model_predictor(inputs, slos, space, workload), slos))
     driver = search.Search(space, slos, simulator(inputs, slos, space, workload),
                            search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
                                                  objective=inputs.objective,
@@ -315,6 +346,11 @@ def format_value(value: Any) -> str:
 def _nothing_met(result: search.SearchResult) -> str:
     closest = result.closest
     counts = result.counts
+    if closest is None and not counts["evaluated"] and counts["screened"]:
+        first = next(t for t in result.trials if t.failure == search.Failure.SCREENED)
+        return (f"no configuration met the SLO: all {counts['screened']} candidates were screened out before a "
+                f"restart (e.g. trial {first.number}: {first.detail}); relax the SLO or the load, or pass --screen "
+                "roofline to measure them anyway")
     if closest is None:
         return (f"no configuration met the SLO: all {counts['evaluated']} evaluated crashed "
                 f"({', '.join(f'{counts[f.value]} {f.value}' for f in search.CRASHES if counts[f.value])}); "

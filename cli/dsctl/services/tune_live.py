@@ -53,6 +53,7 @@ from dsctl.core.tune.search import Candidate, Failure, Outcome
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import deploy as deploy_verb
 from dsctl.services import probe as probe_verb
+from dsctl.services import tune as tune_sim
 from dsctl.services.deploy_plan import PlannedInstance, plan_deploy
 from dsctl.services.fleet import load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
@@ -97,6 +98,7 @@ class LiveTuneInputs:
     limit: str | None = None
     vault: VaultOptions | None = None
     max_time_s: float | None = None  # stop starting trials after this
+    screen: str = "model"  # as --simulate's (services.tune.SCREENS)
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,8 @@ def _check(inputs: LiveTuneInputs) -> None:
         raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
     if not 0 <= inputs.warmup <= 100:
         raise UsageError(f"--warmup must be in 0..100 requests, got {inputs.warmup}")
+    if inputs.screen not in tune_sim.SCREENS:
+        raise UsageError(f"--screen {inputs.screen!r}: use model or roofline")
     if inputs.max_time_s is not None and not inputs.max_time_s > 0:
         raise UsageError(f"--max-time must be a positive number of seconds, got {inputs.max_time_s:g}")
 
@@ -589,6 +593,8 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
         screen = screens.roofline_screen(chip=inputs.chip, model=plan.profile, prompt_tokens=plan.shortest_prompt,
                                          output_tokens=plan.shortest_output, slos=plan.slos,
                                          npus_per_instance=plan.space.npus_per_instance or 1)
+        if inputs.screen == "model" and plan.engine in tune_sim.ENGINES:
+            screen = screens.combined(screen, screens.model_screen(_predictor(inputs, plan), plan.slos))
     try:
         tune.baseline()
         driver = search.Search(
@@ -614,6 +620,19 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
         raise DsctlError(f"tune interrupted{late}; every instance of {plan.service} {state}; continue with "
                          f"dsctl tune --resume {inputs.run_dir}", ExitStatus.INTERRUPTED) from None
     return _finish(tune, found, started)
+
+
+def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> screens.Predictor:
+    """The offline engine model of the service's instances, for the model screen (as --simulate builds it)."""
+    model_inputs = tune_sim.TuneInputs(
+        model=plan.profile or plan.model, chip=inputs.chip, slos=inputs.slos, run_dir=inputs.run_dir,
+        engine=plan.engine, space=plan.space.name, prompt_tokens=inputs.prompt_tokens,
+        output_tokens=inputs.output_tokens, requests=inputs.requests,
+        rate=inputs.rate if inputs.rate is not None else MIN_RATE,
+        npus_per_instance=plan.space.npus_per_instance or 1, seed=inputs.seed)
+    workload = tune_sim.Workload(tune_sim.LengthSpec.parse(inputs.prompt_tokens, "--prompt-tokens"),
+                                 tune_sim.LengthSpec.parse(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
+    return tune_sim.model_predictor(model_inputs, plan.slos, plan.space, workload)
 
 
 def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> LiveTuneResult:
@@ -667,6 +686,8 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> LiveT
 
 def _nothing_met(result: search.SearchResult) -> str:
     closest, counts = result.closest, result.counts
+    if closest is None and not counts["evaluated"] and counts["screened"]:
+        return tune_sim._nothing_met(result) + "; the instances run the inventory's configuration again"
     if closest is None:
         crashes = ", ".join(f"{counts[f.value]} {f.value}" for f in search.CRASHES if counts[f.value])
         return (f"no configuration met the SLO: all {counts['evaluated']} evaluated crashed ({crashes or 'none'}); "

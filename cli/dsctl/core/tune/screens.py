@@ -66,3 +66,49 @@ def impossible(*, chip: str, model: str, prompt_tokens: int, output_tokens: int,
     return check(chip=chip, model=model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, slos=slos,
                  chips=npus_per_instance, memory_utilization=1.0, weight_bytes=weight_bytes)
 
+
+
+# The model screen's tolerance (Proposed): the offline evaluator matched the live engine within 25 % on means and
+# p90 (tests/engine/test_evaluate_live.py); a candidate predicted to miss by more than twice that is not started.
+MODEL_TOLERANCE = 0.5
+
+# (candidate) -> (start-up failure message or None, the modelled metrics at the lowest load the tune probes)
+Predictor = Callable[[Candidate], tuple[str | None, dict | None]]
+
+
+def model_screen(predict: Predictor, slos: Sequence[slo_mod.Slo], *, tolerance: float = MODEL_TOLERANCE,
+                 startup: bool = True) -> Callable[[Candidate], str | None]:
+    """A `Search` screen over dsctl's offline engine model (``predict``): a candidate is not started when the model
+    says its engine stops at start-up (vLLM's memory arithmetic and argument checks; ``startup=False`` leaves those
+    to the live health gate), or when, at the lowest load the tune would probe, its modelled value of an SLO exceeds
+    the bound by more than ``tolerance`` (relative).  Unlike the roofline this is a prediction, not a bound: the
+    tolerance is the model error it allows."""
+
+    def screen(candidate: Candidate) -> str | None:
+        failure, metrics = predict(candidate)
+        if failure is not None:
+            return f"model: the engine would not start: {failure.splitlines()[0]}" if startup else None
+        if metrics is None:
+            return None
+        verdict = slo_mod.judge(slos, metrics)
+        worst = max(verdict.checks, key=lambda check: check.margin)
+        if worst.margin > tolerance:
+            return (f"model: {worst.slo.key} predicted {worst.value:.4g} at the lowest load, over {worst.slo.label} "
+                    f"by more than {tolerance:.0%}")
+        return None
+
+    return screen
+
+
+def combined(*screens: Callable[[Candidate], str | None] | None) -> Callable[[Candidate], str | None]:
+    """The first reason any of ``screens`` gives (None entries skipped), in order: cheap bounds before models."""
+    active = [screen for screen in screens if screen is not None]
+
+    def screen(candidate: Candidate) -> str | None:
+        for one in active:
+            reason = one(candidate)
+            if reason:
+                return reason
+        return None
+
+    return screen
