@@ -113,7 +113,8 @@ def test_live_refusals_come_before_any_host_is_contacted(tmp_path):
     for args, words in (
             (["--service", "chta"], "--service chta: no such service in dsctl_services (known: chat)"),
             (["--param", "max_num_seqz=8:64"], "max_num_seqz"),
-            (["--model", "r1-7b"], "--model, --npus, --max-model-len and --slots are --simulate's"),
+            (["--model", "r1-7b"], "--model, --npus and --max-model-len are --simulate's"),
+            (["--slots", "0"], "--slots must be at least 1, got 0"),
             (["--budget", "0"], "--budget must be in 1..200 restarts, got 0")):
         bad = run_cli(tmp_path, str(inventory), "--slo", "ttft=2s", *args)
         assert bad.returncode == 2 and bad.stdout == "", bad.stderr

@@ -133,8 +133,9 @@ def run(
     objective: Annotated[str, typer.Option("--objective", help="goodput or throughput.")] = "goodput",
     budget: Annotated[int | None, typer.Option(
         "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.")] = None,
-    slots: Annotated[int, typer.Option("--slots", help="--simulate: evaluations at once (live: one per instance).")
-                     ] = 1,
+    slots: Annotated[int | None, typer.Option(
+        "--slots", help="Evaluations at once: --simulate's (default 1); live, at most this many of the service's "
+                        "instances are trial slots (default: all).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the sampler and the requests.")] = 0,
     rate: Annotated[float | None, typer.Option(
         "--rate", help="Request rate (req/s, Poisson); default: search each candidate's highest SLO-holding rate."
@@ -179,7 +180,7 @@ def run(
             raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
         inputs = tune_verb.TuneInputs(
             model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
-            objective=objective, budget=20 if budget is None else budget, slots=slots, seed=seed,
+            objective=objective, budget=20 if budget is None else budget, slots=slots or 1, seed=seed,
             prompt_tokens=prompt_tokens, output_tokens=output_tokens,
             requests=100 if requests is None else requests, rate=rate, params=tuple(param or ()),
             npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None, screen=screen)
@@ -190,9 +191,9 @@ def run(
     else:
         if inventory is None:
             raise UsageError("give the INVENTORY whose service to tune, or --simulate --model M for a what-if study")
-        if model is not None or npus != 1 or max_model_len is not None or slots != 1:
-            raise UsageError("--model, --npus, --max-model-len and --slots are --simulate's: the live tune reads "
-                             "them from the service, one slot per instance")
+        if model is not None or npus != 1 or max_model_len is not None:
+            raise UsageError("--model, --npus and --max-model-len are --simulate's: the live tune reads them from "
+                             "the service")
         live = tune_live.LiveTuneInputs(
             inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
             objective=objective, budget=16 if budget is None else budget, seed=seed, prompt_tokens=prompt_tokens,
@@ -200,7 +201,7 @@ def run(
             params=tuple(param or ()),
             min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
             limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time,
-            screen=screen)
+            screen=screen, max_slots=slots)
         tune_live.prepare(live)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
         context = app_context(ctx)

@@ -99,6 +99,7 @@ class LiveTuneInputs:
     vault: VaultOptions | None = None
     max_time_s: float | None = None  # stop starting trials after this
     screen: str = "model"  # as --simulate's (services.tune.SCREENS)
+    max_slots: int | None = None  # at most this many instances are trial slots (None: all)
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ class LivePlan:
     service: str
     engine: str
     model: str  # served model name
-    slots: tuple[Slot, ...]
+    slots: tuple[Slot, ...]  # the instances trials run on
+    instances: tuple[Slot, ...]  # every instance of the service (the winner's and the restore's)
     slos: tuple[slo.Slo, ...]
     space: space_mod.SearchSpace
     baseline: dict[str, Any]  # the baseline configuration, by knob
@@ -209,6 +211,8 @@ def _check(inputs: LiveTuneInputs) -> None:
         raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
     if not 0 <= inputs.warmup <= 100:
         raise UsageError(f"--warmup must be in 0..100 requests, got {inputs.warmup}")
+    if inputs.max_slots is not None and inputs.max_slots < 1:
+        raise UsageError(f"--slots must be at least 1, got {inputs.max_slots}")
     if inputs.screen not in tune_sim.SCREENS:
         raise UsageError(f"--screen {inputs.screen!r}: use model or roofline")
     if inputs.max_time_s is not None and not inputs.max_time_s > 0:
@@ -282,13 +286,21 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
                              f"{', '.join(s.label for s in slos)} for {shortest_prompt}-token prompts: {reason}",
                              ExitStatus.SLO_NOT_MET)
     baseline = space.baseline(spec.params, {"tensor_parallel_size": spec.tensor_parallel_size})
-    slots = tuple(Slot(index, planned) for index, planned in enumerate(plan.instances))
+    # Slots spread over the hosts first (chat-0 of every host, then chat-1 ...): deploys of one host take turns.
+    hosts = list(dict.fromkeys(p.host for p in plan.instances))
+    rank = {id(p): ([q for q in plan.instances if q.host == p.host].index(p), hosts.index(p.host))
+            for p in plan.instances}
+    spread = sorted(plan.instances, key=lambda p: rank[id(p)])
+    chosen = spread[:inputs.max_slots] if inputs.max_slots is not None else list(plan.instances)
+    slots = tuple(Slot(index, planned) for index, planned in enumerate(chosen))
+    every = tuple(Slot(index, planned) for index, planned in enumerate(plan.instances))
     logs = {}
     for planned in plan.instances:
         log_dir = plan.settings[planned.host].dsctl_service_log_dir
         logs[planned.instance.name] = posixpath.join(log_dir, f"{planned.instance.name}.log")
     api_key = spec.api_key.get_secret_value() if getattr(spec, "api_key", None) is not None else None
     return LivePlan(service=name, engine=spec.engine, model=spec.served_model_name or spec.model, slots=slots,
+                    instances=every,
                     slos=slos, space=space, baseline=baseline, profile=profile, shortest_prompt=shortest_prompt,
                     shortest_output=shortest_output, api_key=api_key, log_files=logs)
 
@@ -353,7 +365,7 @@ class LiveTune:
                  progress: ProgressSink):
         self.runner, self.prober, self.inputs, self.plan, self.progress = runner, prober, inputs, plan, progress
         self.trials = _Trials()
-        self.host_locks = {slot.host: threading.Lock() for slot in plan.slots}
+        self.host_locks = {slot.host: threading.Lock() for slot in plan.instances}
         self.baseline_outputs: list[str] | None = None
         self.bounds = slo.goodput_bounds_ms(plan.slos)
         stats = {s.statistic for s in plan.slos if s.statistic is not None}
@@ -510,7 +522,7 @@ class LiveTune:
 
     def baseline(self) -> None:
         self._note(f"deploying the inventory's configuration of {self.plan.service} (the baseline) to "
-                   f"{len(self.plan.slots)} instance(s)")
+                   f"{len(self.plan.instances)} instance(s)")
         result = self.deploy(None, artifacts="baseline")
         if result.exit_status != ExitStatus.OK:
             raise DsctlError(f"the baseline deploy failed, nothing was tuned: {_first_line(result.errors)}; "
@@ -536,8 +548,8 @@ class LiveTune:
             self._stage(slot, None, "confirmed" if verdict.met else "missed")
             return Verification(slot.host, slot.name, rate, verdict.met, verdict.values(), verdict.line)
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.plan.slots)) as pool:
-            return tuple(pool.map(check, self.plan.slots))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(self.plan.instances))) as pool:
+            return tuple(pool.map(check, self.plan.instances))
 
 
 def _status(record: TrialRecord) -> str:
