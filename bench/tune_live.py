@@ -1,0 +1,67 @@
+"""Wall time of a live `dsctl tune` on the lab with every instance as a trial slot against one slot, same budget.
+
+A 2-host lab (8 NPUs each, the lab's demo service: 2 instances of R1-Distill-Qwen-7B per host, so 4 slots) is
+brought up, provisioned and deployed; then the same study (seed, SLO, workload, budget) runs twice from the same
+baseline, with ``--slots 1`` and with all 4 slots.  Printed: the wall time of each, their ratio, and the best
+goodput each found (both searches ask the same first candidates; with 4 slots later asks see fewer results, so
+the best may differ).  Run as root (the lab), on an otherwise idle machine: it takes several minutes.
+
+Usage: .venv/bin/python bench/tune_live.py [--budget 8] [--requests 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = "/run/dsctl/bench-lab"
+WORKLOAD = ("--slo", "ttft=200ms", "--prompt-tokens", "256", "--output-tokens", "64", "--warmup", "2")
+
+
+def dsctl(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DSCTL_LAB_ROOT": ROOT}
+    return subprocess.run([sys.executable, "-m", "dsctl", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(result.args[2:4])} exited {result.returncode}:\n{result.stderr[-2000:]}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=24)
+    args = parser.parse_args(argv)
+    dsctl("lab", "down")
+    inventory = ok(dsctl("lab", "up", "--hosts", "2")).stdout.strip().splitlines()[-1]
+    try:
+        ok(dsctl("provision", inventory))
+        ok(dsctl("deploy", inventory))
+        rows = []
+        for slots in (1, 4):
+            started = time.monotonic()
+            result = ok(dsctl("tune", inventory, *WORKLOAD, "--budget", str(args.budget), "--requests",
+                              str(args.requests), "--slots", str(slots), "--json"))
+            wall = time.monotonic() - started
+            data = json.loads(result.stdout)["data"]
+            best = data["best"] or {}
+            rows.append((slots, wall, best.get("objective"), data["counts"]["evaluated"]))
+            ok(dsctl("deploy", inventory))  # the next run starts from the same baseline (the inventory's)
+        print(f"{'slots':>5}  {'wall s':>7}  {'restarts':>8}  {'best goodput req/s':>18}")
+        for slots, wall, best, restarts in rows:
+            print(f"{slots:>5}  {wall:>7.0f}  {restarts:>8}  {best if best is None else f'{best:.3g}':>18}")
+        print(f"4 slots take {rows[1][1] / rows[0][1]:.2f} x the wall time of 1 slot for the same budget")
+    finally:
+        dsctl("lab", "down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
