@@ -6,7 +6,7 @@ baseline, with ``--slots 1`` and with all 4 slots.  Printed: the wall time of ea
 goodput each found (both searches ask the same first candidates; with 4 slots later asks see fewer results, so
 the best may differ).  Run as root (the lab), on an otherwise idle machine: it takes several minutes.
 
-Usage: .venv/bin/python bench/tune_live.py [--budget 8] [--requests 24]
+Usage: .venv/bin/python bench/tune_live.py [--budget 8] [--requests 24] [--plot bench/figures/tune-pareto-lab.png]
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 ROOT = "/run/dsctl/bench-lab"
 WORKLOAD = ("--slo", "ttft=200ms", "--prompt-tokens", "256", "--output-tokens", "64", "--warmup", "2")
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=8)
     parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--plot", type=Path, help="copy the last run's Pareto plot here")
     args = parser.parse_args(argv)
     dsctl("lab", "down")
     inventory = ok(dsctl("lab", "up", "--hosts", "2")).stdout.strip().splitlines()[-1]
@@ -48,9 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         for slots in (1, 4):
             started = time.monotonic()
             result = ok(dsctl("tune", inventory, *WORKLOAD, "--budget", str(args.budget), "--requests",
-                              str(args.requests), "--slots", str(slots), "--json"))
+                              str(args.requests), "--slots", str(slots)))
             wall = time.monotonic() - started
-            data = json.loads(result.stdout)["data"]
+            print(result.stdout)  # tune's own table, as a user sees it
+            trials = next(line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("trials: "))
+            run_dir = Path(trials).parent
+            data = json.loads((run_dir / "result.json").read_text())
+            if args.plot is not None:
+                shutil.copyfile(run_dir / "pareto.png", args.plot)
             best = data["best"] or {}
             rows.append((slots, wall, best.get("objective"), data["counts"]["evaluated"]))
             ok(dsctl("deploy", inventory))  # the next run starts from the same baseline (the inventory's)
