@@ -367,9 +367,9 @@ def test_a_live_tune_meets_the_slo_writes_the_winner_back_and_every_instance_ser
     code, report = deploy(path)
     assert code == 0, report["errors"]
     # 0.05 leaves no memory for the KV cache: such a candidate fails its start, is recorded and rolled back
-    # (--screen roofline: the default model screen would not start it at all)
+    # (--screen none: the roofline's memory check and the model screen would not start it at all)
     result = dsctl("tune", str(path), *TUNE_ARGS, "--budget", "6", "--seed", "2", "--param",
-                   "gpu_memory_utilization=0.05,0.9", "--screen", "roofline", "--write-back", "--json", check=False,
+                   "gpu_memory_utilization=0.05,0.9", "--screen", "none", "--write-back", "--json", check=False,
                    timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)["data"]

@@ -74,7 +74,7 @@ class TuneInputs:
     npus_per_instance: int = 1
     max_model_len: int | None = None  # None: the model's own (as the engine does)
     resume: bool = False
-    screen: str = "model"  # "model": the roofline, then the offline engine model; "roofline": the bound only
+    screen: str = "model"  # "model": the roofline, then the offline engine model; "roofline": the bound; "none"
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def _check(inputs: TuneInputs) -> None:
     if inputs.npus_per_instance < 1:
         raise UsageError(f"--npus must be at least 1, got {inputs.npus_per_instance}")
     if inputs.screen not in SCREENS:
-        raise UsageError(f"--screen {inputs.screen!r}: use model or roofline")
+        raise UsageError(f"--screen {inputs.screen!r}: use model, roofline or none")
 
 
 def resolve(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:
@@ -231,7 +231,7 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
     return evaluator
 
 
-SCREENS = ("model", "roofline")
+SCREENS = ("model", "roofline", "none")
 MODEL_REQUESTS = 50  # requests of one model prediction (virtual time: well under a second)
 
 
@@ -311,6 +311,8 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
                                      npus_per_instance=inputs.npus_per_instance)
     if inputs.screen == "model":
         screen = screens.combined(screen, screens.model_screen(model_predictor(inputs, slos, space, workload), slos))
+    elif inputs.screen == "none":
+        screen = None
     driver = search.Search(space, slos, simulator(inputs, slos, space, workload),
                            search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
                                                  objective=inputs.objective,

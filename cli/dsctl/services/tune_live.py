@@ -214,7 +214,7 @@ def _check(inputs: LiveTuneInputs) -> None:
     if inputs.max_slots is not None and inputs.max_slots < 1:
         raise UsageError(f"--slots must be at least 1, got {inputs.max_slots}")
     if inputs.screen not in tune_sim.SCREENS:
-        raise UsageError(f"--screen {inputs.screen!r}: use model or roofline")
+        raise UsageError(f"--screen {inputs.screen!r}: use model, roofline or none")
     if inputs.max_time_s is not None and not inputs.max_time_s > 0:
         raise UsageError(f"--max-time must be a positive number of seconds, got {inputs.max_time_s:g}")
 
@@ -601,7 +601,7 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
             tune._stage(slot, None, f"trial {record.number}: {_status(record)}")
 
     screen = None
-    if plan.profile is not None:
+    if plan.profile is not None and inputs.screen != "none":
         screen = screens.roofline_screen(chip=inputs.chip, model=plan.profile, prompt_tokens=plan.shortest_prompt,
                                          output_tokens=plan.shortest_output, slos=plan.slos,
                                          npus_per_instance=plan.space.npus_per_instance or 1)

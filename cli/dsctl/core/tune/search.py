@@ -427,10 +427,16 @@ class Search:
 
     def _tell(self, trial: optuna.trial.Trial, record: TrialRecord) -> None:
         trial.set_user_attr(_ATTR, record.to_dict())
-        if _HAS_SET_CONSTRAINT:
-            for key, value in record.constraints.items():
-                trial.set_constraint(key, value)
-        self.study.tell(trial, values=record.objective if record.objective is not None else 0.0)
+        if not record.evaluated and record.failure in (Failure.SCREENED, Failure.INVALID):
+            # Kept as a record, hidden from the sampler (Optuna's TPE skips FAIL trials): told as complete
+            # infeasible trials they formed the "least bad" group whenever no evaluated trial had finished yet
+            # (several slots running), and TPE then kept proposing more of them.
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            if _HAS_SET_CONSTRAINT:
+                for key, value in record.constraints.items():
+                    trial.set_constraint(key, value)
+            self.study.tell(trial, values=record.objective if record.objective is not None else 0.0)
         if self.on_event is not None:
             self.on_event("told", record)
 
