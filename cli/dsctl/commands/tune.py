@@ -156,7 +156,7 @@ def run(
         "--max-time", help="Live: start no trial after this many seconds.")] = None,
     screen: Annotated[str, typer.Option(
         "--screen", help="model: the roofline bound, then dsctl's engine model (no restart for a candidate it "
-                         "predicts to fail its start or miss by over 50 %); roofline: the bound only; none: start "
+                         "predicts to fail its start or miss by over 25 %); roofline: the bound only; none: start "
                          "every candidate.")] = "model",
     write_back: Annotated[bool, typer.Option(
         "--write-back", help="Live: write the winner's parameters into the inventory (comments kept).")] = False,

@@ -69,8 +69,9 @@ def impossible(*, chip: str, model: str, prompt_tokens: int, output_tokens: int,
 
 
 # The model screen's tolerance (Proposed): the offline evaluator matched the live engine within 25 % on means and
-# p90 (tests/engine/test_evaluate_live.py); a candidate predicted to miss by more than twice that is not started.
-MODEL_TOLERANCE = 0.5
+# p90 (tests/engine/test_evaluate_live.py), so a candidate predicted to miss by more than that is not started.  On
+# real hardware the model's error has not been measured: `--screen roofline` measures all the bound allows.
+MODEL_TOLERANCE = 0.25
 
 # (candidate) -> (start-up failure message or None, the modelled metrics at the lowest load the tune probes)
 Predictor = Callable[[Candidate], tuple[str | None, dict | None]]
