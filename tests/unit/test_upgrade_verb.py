@@ -155,10 +155,13 @@ def test_a_rolling_upgrade_drains_installs_restarts_gates_and_undrains_one_host_
                           ("undrain", ("h1/chat-0",)), ("drain", ("h2/chat-0",))]
     assert fleet.drained == set()
     rows = {row.host: row for row in result.hosts}
-    assert rows["h1"].source == "CANN 8.3.RC2, vllm-ascend v0.11.0, driver 25.3.rc1, firmware 7.8.0.2.212"
-    assert rows["h1"].target.startswith("CANN 8.5.0, vllm-ascend v0.13.0")
+    assert (rows["h1"].source, rows["h1"].target) == ("CANN 8.3.RC2, vllm-ascend v0.11.0",
+                                                      "CANN 8.5.0, vllm-ascend v0.13.0")
+    assert rows["h1"].versions["to"] == {"driver": "25.3.rc1", "firmware": "7.8.0.2.212", "cann": "8.5.0",
+                                         "vllm_ascend": "v0.13.0"}
     assert rows["h2"].status == "upgraded" and rows["h2"].batch == 2
-    assert rows["h3"].probe.startswith("chat-0: ttft 50.0 -> 50.0 ms (+0.0%, max +10%) ok")
+    assert rows["h3"].probe == "chat-0: ttft +0.0%, throughput +0.0%"
+    assert rows["h3"].gate["chat-0"]["summary"].startswith("ttft 50.0 -> 50.0 ms (+0.0%, max +10%) ok")
     state = yaml.safe_load(Path(result.state_file).read_text())
     assert [entry["stage"] for entry in state["hosts"]["h1"]["history"]] == [
         "drained", "installed", "switched", "restarted", "gated", "undrained"]
@@ -258,3 +261,23 @@ def test_resume_without_a_state_file_says_what_to_do(world):
     _, run, _, _ = world
     with pytest.raises(UsageError, match="no upgrade state at"):
         run(resume=True)
+
+
+def test_the_command_prints_the_plan_table_and_the_json_envelope(world, monkeypatch, tmp_path, capsys):
+    from dsctl.app import main
+    from dsctl.services.context import AppContext
+
+    fleet, _, inventory, _ = world
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    context = AppContext(runner=fleet, prober=fleet)
+    assert main(["upgrade", str(inventory), "--cann", "8.5.0", "--vllm-ascend", "v0.13.0", "--check"],
+                context=context) == 0
+    out = capsys.readouterr().out
+    assert "dsctl upgrade --check: 3 hosts" in out and "would upgrade" in out
+    assert main(["upgrade", str(inventory), "--cann", "8.5.0", "--vllm-ascend", "v0.11.0", "--check", "--json"],
+                context=context) == 3
+    envelope = __import__("json").loads(capsys.readouterr().out)
+    assert envelope["exit_code"] == 3 and envelope["errors"][0].startswith("h1: target CANN 8.5.0")
+    assert main(["upgrade", str(inventory), "--batch", "two"], context=context) == 2
+    assert "dsctl: error: --batch 'two': expected a host count" in capsys.readouterr().err
+    assert not (tmp_path / "xdg").exists()

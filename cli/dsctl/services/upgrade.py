@@ -31,6 +31,7 @@ Progress records: ``dsctl_upgrade`` with ``batch`` (1-based), ``batches``, ``can
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -157,16 +158,19 @@ class UpgradeInputs:
 class UpgradedHost:
     host: str
     batch: int | None  # 1-based; None: not in any batch (already on its target)
-    source: str  # "CANN 8.3.RC2, vllm-ascend v0.11.0"
-    target: str
-    probe: str  # the gate's numbers ("ttft 41.0 -> 42.3 ms (+3.2%, ...)"), "-" when not gated
+    source: str  # the pieces that change, as they are: "CANN 8.3.RC2, vllm-ascend v0.11.0"
+    target: str  # and as they will be: "CANN 8.5.0, vllm-ascend v0.13.0"
+    probe: str  # the gate's changes against the baseline ("chat-0: ttft +3.2%, throughput -1.0%"), "-" if not gated
     stage: str
     status: str  # upgraded, rolled back (<stage>), failed, pending, unchanged, would upgrade
     error: str | None = None
+    versions: dict[str, Any] = field(default_factory=dict)  # {"from": {...}, "to": {...}}: all four versions
+    gate: dict[str, Any] | None = None  # per instance: the gate's checks with baseline and current numbers
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "batch": self.batch, "from": self.source, "to": self.target, "probe": self.probe,
-                "stage": self.stage, "status": self.status, "error": self.error}
+                "stage": self.stage, "status": self.status, "error": self.error, "versions": self.versions,
+                "gate": self.gate}
 
 
 @dataclass(frozen=True)
@@ -285,7 +289,7 @@ class _Run:
                 verdict = gate.compare(self.state.baseline.get(key) or {}, metrics, self.limits)
                 lines.append(f"{item.instance.name}: {verdict.summary()}")
                 self.state.hosts[host].gate = {**(self.state.hosts[host].gate or {}), item.instance.name: {
-                    **verdict.to_dict(), "summary": verdict.summary()}}
+                    **verdict.to_dict(), "summary": verdict.summary(), "delta": verdict.delta()}}
                 self.say([host], "gated", f"{key}: {verdict.summary()}")
                 if not verdict.passed:
                     raise _BatchFailed(host, "gated", f"{key} regressed: {verdict.reason()}", ExitStatus.SLO_NOT_MET)
@@ -499,15 +503,17 @@ def _rows(state: UpgradeState, plan: UpgradePlan | None = None) -> tuple[Upgrade
     for index, batch in enumerate(state.batches):
         for host in batch:
             run = state.hosts[host]
-            probe_text = "; ".join(f"{name}: {item.get('summary')}" for name, item in (run.gate or {}).items()) or "-"
+            probe_text = "; ".join(f"{name}: {item.get('delta')}" for name, item in (run.gate or {}).items()) or "-"
             error = f"{run.error['stage']}: {run.error['reason']}" if run.error else None
-            rows.append(UpgradedHost(host=host, batch=index + 1, source=run.source.label(),
-                                     target=run.target.label(), probe=probe_text, stage=run.stage,
-                                     status=run.status, error=error))
+            rows.append(UpgradedHost(host=host, batch=index + 1, source=run.source.changed_label(run.target),
+                                     target=run.target.changed_label(run.source), probe=probe_text, stage=run.stage,
+                                     status=run.status, error=error, gate=run.gate,
+                                     versions={"from": run.source.to_dict(), "to": run.target.to_dict()}))
     for host in plan.unchanged if plan else ():
         item = plan.host(host)
         rows.append(UpgradedHost(host=host, batch=None, source=item.source.label(), target=item.target.label(),
-                                 probe="-", stage="-", status="unchanged"))
+                                 probe="-", stage="-", status="unchanged",
+                                 versions={"from": item.source.to_dict(), "to": item.target.to_dict()}))
     return tuple(rows)
 
 
@@ -542,8 +548,7 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
         state = UpgradeState.new(plan, inventory=str(inputs.inventory), max_regression=inputs.max_regression,
                                  now=_now())
         if inputs.check:
-            rows = tuple(UpgradedHost(host=row.host, batch=row.batch, source=row.source, target=row.target,
-                                      probe="-", stage="-", status="would upgrade" if row.batch else row.status)
+            rows = tuple(dataclasses.replace(row, status="would upgrade" if row.batch else row.status, stage="-")
                          for row in _rows(state, plan))
             return UpgradeResult(hosts=rows, check_mode=True, exit_status=ExitStatus.OK, errors=(), state_file=None,
                                  plan=plan.to_dict())

@@ -119,6 +119,11 @@ class GateResult:
     def summary(self) -> str:
         return "; ".join(check.line() for check in self.checks)
 
+    def delta(self) -> str:
+        """The changes alone, for a table: "ttft +3.2%, throughput -1.0%"."""
+        return ", ".join(f"{c.term} {c.change_percent:+.1f}%" if c.change_percent is not None else f"{c.term} -"
+                         for c in self.checks)
+
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "checks": [c.to_dict() for c in self.checks],
                 "failed_requests": self.failed_requests, "completed": self.completed}

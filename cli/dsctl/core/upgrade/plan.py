@@ -67,6 +67,11 @@ class Versions:
         """The dsctl_*_version inventory variables that ask for this stack."""
         return {VARIABLES[key]: value for key, value in self.to_dict().items() if value is not None}
 
+    def changed_label(self, other: Versions) -> str:
+        """The label of the pieces that differ from ``other`` (the CANN when none does)."""
+        keys = [key for key in COMPONENTS if not _same(getattr(self, key), getattr(other, key))] or ["cann"]
+        return Versions(**{key: getattr(self, key) for key in keys}).label()
+
     def label(self) -> str:
         """"CANN 8.3.RC2, vllm-ascend v0.11.0, driver 25.3.rc1, firmware 7.8.0.2.212" (set pieces only)."""
         names = {"cann": "CANN", "vllm_ascend": "vllm-ascend", "driver": "driver", "firmware": "firmware"}
