@@ -124,8 +124,10 @@ def world(tmp_path):
     packages.mkdir()
     from dsctl import data
 
-    sums = "".join(f"{'0' * 64}  {spec.name}\n" for spec in package_specs(data.load("releases"), "x86_64"))
-    (packages / "SHA256SUMS").write_text(sums)
+    specs = package_specs(data.load("releases"), "x86_64")
+    (packages / "SHA256SUMS").write_text("".join(f"{'0' * 64}  {spec.name}\n" for spec in specs))
+    for spec in specs:
+        (packages / spec.name).touch()
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"npu_nodes": {
         "hosts": {name: {"ansible_host": f"10.0.0.{i}"} for i, name in enumerate(HOSTS, 1)},
@@ -207,14 +209,18 @@ def test_check_changes_nothing_and_writes_no_state(world, tmp_path):
     assert not (tmp_path / "upgrade").exists()
 
 
-def test_a_missing_package_is_refused_before_anything_is_touched(world):
+@pytest.mark.parametrize("missing", ["checksum", "file"])
+def test_a_missing_package_is_refused_before_anything_is_touched(world, missing):
     fleet, run, _, packages = world
-    sums = packages / "SHA256SUMS"
-    sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines()
-                            if "toolkit_8.5.0" not in line))
+    toolkit = "Ascend-cann-toolkit_8.5.0_linux-x86_64.run"
+    if missing == "file":
+        (packages / toolkit).unlink()
+    else:
+        sums = packages / "SHA256SUMS"
+        sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines() if toolkit not in line))
     result = run(**TO_NEW)
     assert result.exit_status == ExitStatus.VALIDATION_FAILED
-    assert len(result.errors) == 3 and "Ascend-cann-toolkit_8.5.0_linux-x86_64.run" in result.errors[0]
+    assert len(result.errors) == 3 and f"h1: {toolkit} (for CANN 8.5.0" in result.errors[0]
     assert [call[0] for call in fleet.calls] == ["check.yml"]
 
 

@@ -409,17 +409,20 @@ def _instances(fleet: Fleet) -> dict[str, list[PlannedInstance]]:
 
 
 def read_package_sums(source: str) -> dict[str, str]:
-    """The package source's SHA256SUMS (a directory on the controller or an http(s) URL); {} when absent."""
+    """The package source's SHA256SUMS (a directory on the controller or an http(s) URL); {} when absent. For a
+    directory, only the packages whose file is there too (the roles verify each digest when they fetch it)."""
     location = f"{str(source).rstrip('/')}/SHA256SUMS"
+    remote = location.startswith(("http://", "https://"))
     try:
-        if location.startswith(("http://", "https://")):
+        if remote:
             with urllib.request.urlopen(location, timeout=30) as response:  # noqa: S310 (http(s) only)
                 text = response.read().decode("utf-8", "replace")
         else:
             text = Path(location).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return {}
-    return parse_sha256sums(text)
+    sums = parse_sha256sums(text)
+    return sums if remote else {name: digest for name, digest in sums.items() if (Path(source) / name).is_file()}
 
 
 def _healthy(host: str, report: Mapping[str, Any]) -> str | None:

@@ -255,8 +255,8 @@ def _package_problems(item: HostUpgrade, arch: str | None, sums: Mapping[str, st
         parts += ["toolkit", "kernels", "nnal"]
     for name in _runs(item.stack, arch, parts):
         if not sums.get(name):
-            problems.append(f"{item.host}: {name} (for {item.target.label()}) is not in the package source's "
-                            "SHA256SUMS; add the package and its checksum to dsctl_package_source")
+            problems.append(f"{item.host}: {name} (for {item.target.label()}) is missing from the package source "
+                            "(the file or its SHA256SUMS line); add both to dsctl_package_source")
     if item.hdk_changes:
         if item.previous is None:
             problems.append(f"{item.host}: the HDK change from driver {item.source.driver} / firmware "
