@@ -14,7 +14,7 @@ import typer
 from typer._click import exceptions as click_errors
 
 from dsctl import __version__
-from dsctl.commands import check, deploy, engine, estimate, lab, matrix, probe, provision, tune
+from dsctl.commands import check, deploy, engine, estimate, lab, matrix, probe, provision, tune, upgrade
 from dsctl.errors import DsctlError, ExitStatus
 from dsctl.services.context import AppContext
 
@@ -33,6 +33,7 @@ app.command(name="deploy")(deploy.run)
 app.command(name="probe")(probe.run)
 app.command(name="estimate")(estimate.show)
 app.command(name="tune")(tune.run)
+app.command(name="upgrade")(upgrade.run)
 
 
 def _print_version(value: bool) -> None:

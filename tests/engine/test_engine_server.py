@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import dsctl
+from dsctl.core.hostfacts import versionfiles as vf
 from dsctl.engine.text import count_tokens
 
 from .conftest import free_port, install_toolkits
@@ -614,6 +615,29 @@ def test_engine_reports_the_cann_its_environment_points_at(tmp_path):
         assert json.loads(request(started.port, "GET", "/version")[2])["cann"] == "8.0.0"
     finally:
         started.stop()
+
+
+def test_engine_on_a_lab_regressed_cann_serves_measurably_slower(tmp_path):
+    """The toolkit of a releases.yaml lab_regression release holds dsctl-lab-regression.json (the emulated installer
+    writes it): the engine serves its slowdown times slower, so the upgrade's probe gate has something to catch."""
+    timings = {}
+    for name, regression in (("plain", None), ("regressed", {"slowdown": 3.0})):
+        home = install_toolkits(tmp_path / name / "Ascend", ["8.3.RC2"], active="8.3.RC2")
+        if regression:
+            (home / "8.3.RC2" / vf.LAB_REGRESSION_FILE).write_text(json.dumps(regression))
+        started = Engine(tmp_path, MODEL, "--max-model-len", "4096", "--startup", "0",
+                         env=sourced(home / "set_env.sh")).wait_ready()
+        try:
+            body = {"model": MODEL, "prompt": "hello " * 64, "max_tokens": 64, "ignore_eos": True}
+            began = time.monotonic()
+            for _ in range(3):
+                assert request(started.port, "POST", "/v1/completions", body)[0] == 200
+            timings[name] = time.monotonic() - began
+            log = started.log.read_text()
+        finally:
+            started.stop()
+        assert ("lab regression: serving 3x slower" in log) == bool(regression)
+    assert timings["regressed"] > 2.0 * timings["plain"], timings
 
 
 def test_engine_without_a_cann_environment_warns_and_reports_null(tmp_path):

@@ -12,6 +12,7 @@ is bind-mounted at /run/dsctl-lab/hw, where dsctl.emu.hwstate looks.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import signal
@@ -443,6 +444,18 @@ def test_side_by_side_cann_switches_latest_and_uninstalls(host):
     cfg = vf.parse_version_cfg(host.read(f"{home}/latest/version.cfg"))
     assert cfg["toolkit"]["running"] == [("7.6.0.1.220", "8.0.0")]
     assert cfg["opp_kernel"]["running"] == [("7.6.0.1.220", "8.0.0")]
+
+
+@needs_root
+def test_the_lab_regressed_toolkit_carries_its_slowdown_and_real_ones_do_not(host):
+    """releases.yaml's lab-only 8.5.0.lab1 (lab_regression) installs like any toolkit and leaves the file the lab
+    engine reads (cli/dsctl/engine/cann.py); a real release's toolkit has none."""
+    home = "/usr/local/Ascend/ascend-toolkit"
+    ok(host.run_pkg(TOOLKIT_83, "--install", "--quiet"))
+    ok(host.run_pkg(f"Ascend-cann-toolkit_8.5.0.lab1_linux-{ARCH}.run", "--install", "--quiet"))
+    assert json.loads(host.read(f"{home}/8.5.0.lab1/{vf.LAB_REGRESSION_FILE}")) == {"slowdown": 3.0}
+    assert not host.exists(f"{home}/8.3.RC2/{vf.LAB_REGRESSION_FILE}")
+    assert host.readlink(f"{home}/latest/runtime") == "../8.5.0.lab1/runtime"
 
 
 @needs_root

@@ -22,6 +22,7 @@ a public Atlas 200I DK A2 install log for 8.0.0 / kernels-310b).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -371,6 +372,9 @@ class ToolkitRun(_CannRun):
         runpkg.copy_installer(self.payload, arch_dir / "script")
         runpkg.write_uninstall_script(arch_dir / "script", f"CANN toolkit {self.version}", "--quiet")
         runpkg.write_file(path / "set_env.sh", TOOLKIT_SET_ENV.format(root=self.root), 0o755)
+        regression = self.pkg["cann"].get("lab_regression")
+        if regression:  # a lab-only regressed release (releases.yaml): the lab engine reads it (engine/cann.py)
+            runpkg.write_file(path / vf.LAB_REGRESSION_FILE, json.dumps(regression, sort_keys=True) + "\n")
 
     def _summary(self) -> None:
         driver = (

@@ -348,7 +348,8 @@ def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock:
     served = args.served_model_name or [plan["model_name"]]
     config = server.ServerConfig(
         served_model_names=served, model_root=plan["model_name"], max_model_len=plan["max_model_len"],
-        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None, time_scale=scale, seed=args.seed,
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
+        time_scale=scale * plan["cann"].slowdown, seed=args.seed,
         divergence=perfmodel.divergence_probability(plan["keep"]), record=args.record,
         access_log=not args.disable_uvicorn_access_log,
         log_stats_interval=0.0 if args.disable_log_stats else float(os.environ.get("VLLM_LOG_STATS_INTERVAL", 10)),

@@ -14,12 +14,17 @@ reads the toolkit's own record, so what it reports is what it would really load:
    sits in, one level up (``.../ascend-toolkit/8.3.RC2``);
 4. failing that, ``<home>/version.cfg``'s ``toolkit_running_version`` (s.4.4).
 
+A toolkit of a lab-only regressed release (releases.yaml ``lab_regression``) holds
+``dsctl-lab-regression.json``; its ``slowdown`` makes the engine serve that many times slower (the upgrade's probe
+gate must catch it).  Real toolkits have no such file.
+
 Standard library only (plus dsctl.core.hostfacts.versionfiles, itself standard library only).
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 from collections.abc import Mapping
@@ -39,11 +44,24 @@ class Cann:
     toolkit: str | None
     variable: str | None
     problem: str | None = None
+    slowdown: float = 1.0  # > 1 on a lab-only regressed release
 
     def log_line(self) -> str:
         if self.version is None:
             return f"CANN toolkit not found: {self.problem}; reporting cann: null"
-        return f"CANN version: {self.version} (toolkit at {self.toolkit})"
+        slower = f"; lab regression: serving {self.slowdown:g}x slower" if self.slowdown != 1.0 else ""
+        return f"CANN version: {self.version} (toolkit at {self.toolkit}){slower}"
+
+
+def _slowdown(toolkit: str) -> float:
+    text = _read(os.path.join(toolkit, vf.LAB_REGRESSION_FILE))
+    if text is None:
+        return 1.0
+    try:
+        value = float(json.loads(text).get("slowdown", 1.0))
+    except (ValueError, TypeError, AttributeError):
+        return 1.0
+    return value if value >= 1.0 else 1.0
 
 
 def _read(path: str) -> str | None:
@@ -78,10 +96,10 @@ def resolve(environ: Mapping[str, str]) -> Cann:
         version = vf.unquote(fields.get("version", "")).strip()
         if version:
             toolkit = os.path.dirname(os.path.dirname(os.path.realpath(info_path)))
-            return Cann(version, toolkit, variable)
+            return Cann(version, toolkit, variable, slowdown=_slowdown(toolkit))
     cfg_text = _read(os.path.join(home, "version.cfg"))
     running = vf.version_cfg_running(vf.parse_version_cfg(cfg_text)) if cfg_text else None
     if running is not None:
-        return Cann(running[1], home, variable)
+        return Cann(running[1], home, variable, slowdown=_slowdown(home))
     return Cann(None, None, variable, f"{variable}={environ[variable].strip()} holds neither "
                                       f"<arch>-linux/{INSTALL_INFO} nor version.cfg")

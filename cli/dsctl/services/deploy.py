@@ -52,6 +52,8 @@ class DeployInputs:
     restart: bool = False  # restart the chosen instances even when nothing changed
     vault: VaultOptions | None = None
     artifacts_dir: Path | None = None
+    # Variables laid over the inventory's, per host (dsctl upgrade: the target or previous dsctl_*_version).
+    host_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_playbook_options(serial=self.serial, vault=self.vault)
@@ -168,7 +170,7 @@ class RolloutTracker:
 
 def prepare(inputs: DeployInputs) -> DeployPlan:
     """Read and validate the fleet, then plan: every problem is one line before any host is contacted."""
-    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
+    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
     plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings},
                        overrides=inputs.overrides, instances=inputs.instances)
     return dataclasses.replace(plan, host_plans=fleet.plan(overrides=inputs.overrides, only=plan.only))

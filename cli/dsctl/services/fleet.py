@@ -25,6 +25,14 @@ class Fleet:
     def address(self, host: str) -> str:
         return str(self.hostvars.get(host, {}).get("ansible_host", host))
 
+    def with_vars(self, host_vars: Mapping[str, Mapping[str, Any]]) -> Fleet:
+        """This fleet with ``host_vars`` laid over some hosts' variables (an upgrade's target or previous versions),
+        validated again (InventoryError on a refused stack)."""
+        if not host_vars:
+            return self
+        merged = {host: {**values, **host_vars.get(host, {})} for host, values in self.hostvars.items()}
+        return Fleet(hostvars=merged, settings=inventory_schema.validate_fleet(merged))
+
     def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
              only: Collection[str] | None = None) -> dict[str, Any]:
         """The dsctl_plan extra var of these hosts (host_plan.plan_fleet over the settings validated here)."""

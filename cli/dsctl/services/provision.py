@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ class ProvisionInputs:
     forks: int | None = None
     vault: VaultOptions | None = None
     artifacts_dir: Path | None = None  # None: a new run directory under $XDG_STATE_HOME/dsctl/runs
+    # Variables laid over the inventory's, per host (dsctl upgrade: the target or previous dsctl_*_version).
+    host_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_playbook_options(forks=self.forks, tags=self.tags, vault=self.vault)
@@ -65,7 +68,7 @@ class ProvisionResult:
 
 def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: ProgressSink = no_progress
               ) -> ProvisionResult:
-    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
+    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
     run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=inputs.check, diff=inputs.diff,
                      tags=inputs.tags, forks=inputs.forks, vault=inputs.vault, on_event=progress,
                      extra_vars={host_plan.PLAN_VAR: fleet.plan()},

@@ -130,7 +130,8 @@ def _known_firmware(releases: Mapping) -> list[str]:
 
 
 def _known_canns(releases: Mapping) -> list[str]:
-    return sort_versions(c["version"] for c in releases.get("cann", []))
+    """The CANN releases a refusal offers: lab-only ones (the regressed lab release) are accepted, never offered."""
+    return sort_versions(c["version"] for c in releases.get("cann", []) if not c.get("lab_only"))
 
 
 def _tags_for_cann(releases: Mapping, cann: str) -> list[str]:
@@ -493,13 +494,15 @@ def pairing_status(releases: Mapping, *, driver: str, firmware: str, cann: str) 
 def matrix_rows(releases: Mapping) -> list[dict[str, Any]]:
     """Every (HDK release, CANN release, vllm-ascend row for that CANN) of the data that passes the checks.
 
-    Newest first.  ``default`` marks the default stack; a compatible HDK/CANN pair with no vllm-ascend row
-    still gets one row, with the serving fields None.
+    Newest first; releases marked ``lab_only`` are left out.  ``default`` marks the default stack; a compatible
+    HDK/CANN pair with no vllm-ascend row still gets one row, with the serving fields None.
     """
     default = releases.get("default_stack", {})
     rows = []
     for hdk in releases.get("hdk", []):
         for cann in releases.get("cann", []):
+            if cann.get("lab_only"):  # a lab construct (the regressed release of the upgrade tests), no stack to offer
+                continue
             driver, firmware = hdk["driver"]["version"], hdk["firmware"]["version"]
             tags = _tags_for_cann(releases, cann["version"]) or [NO_SERVING]
             for tag in tags:

@@ -30,6 +30,9 @@ VERSION_CFG_HEADER = "# version: 1.0"
 # Sub-packages a toolkit records in version.cfg, in the file's order (itove/ascend docs/src/ver-2.1.md).
 TOOLKIT_CFG_COMPONENTS = ("runtime", "compiler", "hccl", "opp", "toolkit", "aoe", "ncs")
 KERNELS_CFG_COMPONENT = "opp_kernel"
+# Not a vendor file: the lab's emulated toolkit installer writes it into the version directory of a release that
+# releases.yaml marks with lab_regression ({"slowdown": 3.0}); the lab engine runs that much slower on it.
+LAB_REGRESSION_FILE = "dsctl-lab-regression.json"
 
 # Order of the driver's version.info keys (vllm-project/vllm-ascend#451, hicann/pypto FAQ).
 DRIVER_COMPONENT_KEYS = (
