@@ -85,7 +85,7 @@ class Fleet:
 
     # ------------------------------------------------------------------ Prober
     def probe(self, target, *, path, model, api_key, request_id_header, timeouts, load, warmup, body, backstop,
-              on_model, on_finish, lag_samples=None):
+              on_model, on_finish, lag_samples=None, keep_text=False):
         name = {f"10.0.0.{i}": h for i, h in enumerate(HOSTS, 1)}[target.host]
         self.calls.append(("probe", name))
         ttft = 0.05 * self.slow_cann.get(self.hosts[name].cann, 1.0)
