@@ -27,10 +27,15 @@ def progress(message: str) -> None:
     stderr_console().print(f"[dim]•[/dim] {message}")
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+                wrap: Sequence[str] = ()) -> None:
+    """``wrap``: columns whose long cells wrap onto more lines (the others keep their width)."""
     table = Table(title=title, title_justify="left", show_lines=False)
     for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=True)
+        if column in wrap:
+            table.add_column(column, overflow="fold", ratio=1)
+        else:
+            table.add_column(column, overflow="fold", no_wrap=True)
     for row in rows:
         table.add_row(*("" if cell is None else str(cell) for cell in row))
     stdout_console().print(table)

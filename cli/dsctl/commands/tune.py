@@ -86,7 +86,7 @@ def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
         title = (f"dsctl tune --simulate: {i.model} on {i.chip} ({i.engine}, space {result.space.name}), "
                  f"{c['evaluated']} evaluated, {c['feasible']} feasible, {c['crashed']} crashed")
         space = result.space
-    ui.print_table(title, COLUMNS, rows)
+    ui.print_table(title, COLUMNS, rows, wrap=("parameters", "status"))
     console = ui.stdout_console()
     for note in space.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)

@@ -65,7 +65,7 @@ MAX_BUDGET = 200  # restarts: each one is a real engine start on a real instance
 MAX_REQUESTS = 2000  # per probe
 # Rate search (req/s of one instance): first probe at START_RATE, doubling or halving, then bisection to
 # RATE_TOLERANCE; RATE_PROBES bounds the probes of one trial.
-MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.1, 512.0, 2.0, 0.15, 6
+MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.1, 512.0, 4.0, 0.15, 8
 PROBE_TIMEOUT_S = 120.0  # per request; a probe is bounded by its request count times this
 PROBE_MAX_S = 30.0  # a probe at a low rate sends requests for at most this long (fewer requests, not hours)
 QUALITY_TOKENS = 64
