@@ -263,13 +263,21 @@ def _wait_for(predicate, seconds: float = 10.0) -> bool:
     return predicate()
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux prctl")
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["", "started-with-sigint-ignored"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_a_killed_dsctl_takes_its_playbook_down(fake_ansible, tmp_path, signum):
+def test_a_killed_dsctl_takes_its_playbook_down(fake_ansible, tmp_path, signum, sigint_ignored):
+    """Also when dsctl was started with SIGINT ignored (a background job of a script): ansible-playbook gets the
+    default disposition back, else it would ignore the parent-death signal and run on."""
     inventory = fake_ansible(0, PLAY[:2], sleep=60)
     assert inventory.is_file()  # the fake's spec is written; dsctl itself gets the sample inventory
     parent = subprocess.Popen([sys.executable, "-c", DSCTL_PARENT, str(ansible_run.ansible_playbook_bin()),
-                               str(SAMPLE_INVENTORY)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(SAMPLE_INVENTORY)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_ignore_sigint if sigint_ignored else None)
     pid_file = tmp_path / "argv.json.pid"
     try:
         assert _wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), 30), parent.stderr

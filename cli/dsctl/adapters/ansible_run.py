@@ -406,7 +406,12 @@ def _stop(proc: subprocess.Popen, grace: float = INTERRUPT_GRACE_SECONDS) -> Non
 
 
 def _interrupt_when_parent_dies() -> None:
-    """In the forked child: SIGINT it if dsctl dies, even by SIGKILL, so no playbook runs on unsupervised."""
+    """In the forked child: SIGINT it if dsctl dies, even by SIGKILL, so no playbook runs on unsupervised.
+
+    SIGINT is set back to its default first: a dsctl started with SIGINT ignored (a background job of a
+    non-interactive shell, nohup-like wrappers) would hand that on to ansible-playbook, which would then ignore
+    both the parent-death signal and _stop's SIGINT (its own session keeps a terminal's Ctrl-C away anyway)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
