@@ -92,11 +92,7 @@ class TuneResult:
     errors: tuple[str, ...]
 
     def ranked(self) -> list[TrialRecord]:
-        """Evaluated trials, best first: feasible by objective, then the rest by how near they came."""
-        evaluated = [t for t in self.trials if t.evaluated and t.duplicate_of is None]
-        return sorted(evaluated, key=lambda t: (not t.feasible, -(t.objective or 0.0) if t.feasible else 0.0,
-                                                t.failure in search.CRASHES,
-                                                t.margin if t.margin is not None else float("inf"), t.number))
+        return ranked(self.trials)
 
     def to_dict(self) -> dict[str, Any]:
         i = self.inputs
@@ -110,6 +106,14 @@ class TuneResult:
             "closest": None if self.closest is None else _jsonable(self.closest),
             "notes": list(self.space.notes), "trials": [_jsonable(t) for t in self.ranked()],
         }
+
+
+def ranked(trials: tuple[TrialRecord, ...]) -> list[TrialRecord]:
+    """Evaluated trials, best first: feasible by objective, then the rest by how near they came (also live)."""
+    evaluated = [t for t in trials if t.evaluated and t.duplicate_of is None]
+    return sorted(evaluated, key=lambda t: (not t.feasible, -(t.objective or 0.0) if t.feasible else 0.0,
+                                            t.failure in search.CRASHES,
+                                            t.margin if t.margin is not None else float("inf"), t.number))
 
 
 def _jsonable(record: TrialRecord) -> dict[str, Any]:

@@ -170,10 +170,7 @@ class LiveTuneResult:
     errors: tuple[str, ...]
 
     def ranked(self) -> list[TrialRecord]:
-        evaluated = [t for t in self.trials if t.evaluated and t.duplicate_of is None]
-        return sorted(evaluated, key=lambda t: (not t.feasible, -(t.objective or 0.0) if t.feasible else 0.0,
-                                                t.failure in search.CRASHES,
-                                                t.margin if t.margin is not None else math.inf, t.number))
+        return tune_sim.ranked(self.trials)
 
     def to_dict(self) -> dict[str, Any]:
         i, p = self.inputs, self.plan
@@ -187,16 +184,10 @@ class LiveTuneResult:
             "deployed": self.deployed, "deployed_params": self.deployed_params,
             "verification": [v.to_dict() for v in self.verification], "written": list(self.written),
             "wall_s": round(self.wall_s, 1),
-            "best": None if self.best is None else _jsonable(self.best),
-            "closest": None if self.closest is None else _jsonable(self.closest),
-            "notes": list(p.space.notes), "trials": [_jsonable(t) for t in self.ranked()],
+            "best": None if self.best is None else tune_sim._jsonable(self.best),
+            "closest": None if self.closest is None else tune_sim._jsonable(self.closest),
+            "notes": list(p.space.notes), "trials": [tune_sim._jsonable(t) for t in self.ranked()],
         }
-
-
-def _jsonable(record: TrialRecord) -> dict[str, Any]:
-    import json
-
-    return json.loads(record.to_json_line())
 
 
 # --------------------------------------------------------------------------- 1. the plan (no host contacted)
