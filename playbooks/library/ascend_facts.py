@@ -191,6 +191,9 @@ def main():
     arch = platform.machine()
     toolkit_dirs, kernels_dirs, toolkit_latest = toolkit_state(install_path, arch)
     upgrade_tools = glob.glob(os.path.join(DRIVER_ROOT, "driver", "**", "upgrade-tool"), recursive=True)
+    # The firmware's own upgrade record decides --upgrade or --full (ascend-deployer task_firmware.yml:
+    # find /usr/local/Ascend/firmware -regex '.*upgrade.*'), not whether a driver exists.
+    firmware_records = sorted(glob.glob(os.path.join(DRIVER_ROOT, "firmware", "**", "upgrade*"), recursive=True))
     raw = {
         "collector_version": 1,
         "install_path": install_path,
@@ -217,6 +220,7 @@ def main():
         "nnal_dirs": nnal_dirs(install_path),
         "npu_smi": npu_smi_state(module),
         "upgrade_tool": upgrade_tools[0] if upgrade_tools else None,
+        "firmware_record": firmware_records[0] if firmware_records else None,
         "run_user": user_state(params["run_user"], params["run_group"]),
         "serving": serving_state(params["serving_venv"]),
     }

@@ -37,6 +37,7 @@ KERNELS_800 = f"Ascend-cann-kernels-910b_8.0.0_linux-{ARCH}.run"
 KERNELS_83 = f"Ascend-cann-kernels-910b_8.3.RC2_linux-{ARCH}.run"
 OPS_850 = f"Ascend-cann-910b-ops_8.5.0_linux-{ARCH}.run"
 NNAL_800 = f"Ascend-cann-nnal_8.0.0_linux-{ARCH}.run"
+TOOLKIT_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 CHECK_OK = "Verifying archive integrity...  100%   SHA256 checksums are OK. All good."
 ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"]
 CHIPS = yaml.safe_load((packages.DSCTL_DIR / "data" / "chips.yaml").read_text())
@@ -104,6 +105,10 @@ class Sandbox:
 
     def run_pkg(self, name: str, *flags: str, stdin: str = "") -> subprocess.CompletedProcess:
         return self.sh(f"bash /opt/pkgs/{name} {' '.join(flags)}", stdin=stdin)
+
+    def run_with_toolkit_env(self, name: str, *flags: str) -> subprocess.CompletedProcess:
+        """A kernels/ops or NNAL installer run as the vendor's guide says: the toolkit's set_env.sh sourced first."""
+        return self.sh(f". {TOOLKIT_ENV} && bash /opt/pkgs/{name} {' '.join(flags)}")
 
     def read(self, path: str) -> str | None:
         result = self.sh(f"cat {shlex.quote(path)}")
@@ -309,7 +314,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
     assert toolkit_home == f"{home}/latest"
     assert "/usr/local/Ascend/driver/lib64/common" in library_path
 
-    out = ok(host.run_pkg(KERNELS_800, "--install", "--type=toolkit", "--quiet"))
+    out = ok(host.run_with_toolkit_env(KERNELS_800, "--install", "--type=toolkit", "--quiet"))
     assert "[kernels_910b] [" in out
     assert f"Ascend910B-opp_kernel-7.6.0.1.220-linux.{ARCH}.run --install --quiet --nox11 install success" in out
     assert f"install success. The installation path is {home}." in out
@@ -318,7 +323,7 @@ def test_fresh_stack_driver_firmware_toolkit_kernels_nnal(host):
     assert host.readlink(f"{home}/latest/opp_kernel") == "../8.0.0/opp_kernel"
     assert vf.parse_key_value(host.read(f"{home}/latest/opp/version.info"))["version_dir"] == "8.0.0"
 
-    out = ok(host.run_pkg(NNAL_800, "--install", "--quiet"))
+    out = ok(host.run_with_toolkit_env(NNAL_800, "--install", "--quiet"))
     assert "install success, installed in /usr/local/Ascend/nnal." in out
     atb = vf.parse_colon_key_value(host.read("/usr/local/Ascend/nnal/atb/latest/version.info"))
     assert atb["Ascend-cann-atb"] == "8.0.0" and atb["Platform"] == ARCH
@@ -418,10 +423,52 @@ def test_toolkit_already_installed_and_kernels_need_their_toolkit(host):
 
 
 @needs_root
+def test_kernels_and_nnal_fail_without_the_toolkit_env_and_install_with_it(host):
+    # vllm-project/vllm-ascend#144: the toolkit installed, its set_env.sh not sourced, the kernels install fails.
+    ok(host.run_pkg(TOOLKIT_800, "--install", "--quiet"))
+    result = host.run_pkg(KERNELS_800, "--install", "--quiet")
+    assert result.returncode == 1, result.stdout
+    assert "ASCEND_OPP_PATH is not set" in result.stdout and TOOLKIT_ENV in result.stdout
+    assert result.stdout.rstrip().endswith(
+        "Run package install failed, please retry after check your device and reboot!"
+    )
+    assert not host.exists("/usr/local/Ascend/ascend-toolkit/8.0.0/opp_kernel")
+    assert "failed" in host.read("/var/log/ascend_seclog/operation.log").splitlines()[-1]
+    result = host.run_pkg(NNAL_800, "--install", "--quiet")
+    assert result.returncode == 1 and "ASCEND_HOME_PATH is not set" in result.stdout
+    assert not host.exists("/usr/local/Ascend/nnal/atb/8.0.0")
+    # a variable naming nothing is as good as none
+    nowhere = host.sh(f"ASCEND_OPP_PATH=/nowhere bash /opt/pkgs/{KERNELS_800} --install --quiet")
+    assert "ASCEND_OPP_PATH is not set" in failed(nowhere)
+    out = ok(host.run_with_toolkit_env(KERNELS_800, "--install", "--quiet"))
+    assert "install success. The installation path is /usr/local/Ascend/ascend-toolkit." in out
+    ok(host.run_with_toolkit_env(NNAL_800, "--install", "--quiet"))
+    assert host.readlink("/usr/local/Ascend/nnal/atb/latest") == "8.0.0"
+
+
+@needs_root
+def test_firmware_upgrade_needs_the_firmwares_own_record_not_a_driver(host):
+    ok(host.run_pkg(DRIVER_OLD, "--full", "--quiet"))
+    # driver-only: --upgrade is refused (what dsctl ran before the decision followed the firmware's record)
+    text = failed(host.run_pkg(FIRMWARE_OLD, "--nox11", "--upgrade", "--quiet"))
+    assert "Firmware package is not installed on this device, upgrade failed. Please use --full" in text
+    assert hwstate.flashed_firmware(host.hw) is None
+    ok(host.run_pkg(FIRMWARE_OLD, "--nox11", "--full", "--quiet"))
+    record = host.sh("find /usr/local/Ascend/firmware -name 'upgrade*'").stdout.split()
+    assert record == ["/usr/local/Ascend/firmware/script/upgrade.sh"]
+    out = ok(host.run_pkg(FIRMWARE_OLD, "--nox11", "--upgrade", "--quiet"))
+    assert "[INFO]base version is 7.5.0.1.129." in out
+    # the firmware's uninstaller takes the record with it: driver-only again, --upgrade refused again
+    ok(host.sh("/usr/local/Ascend/firmware/script/uninstall.sh --quiet"))
+    assert "upgrade failed" in failed(host.run_pkg(FIRMWARE_OLD, "--nox11", "--upgrade", "--quiet"))
+    ok(host.run_pkg(FIRMWARE_OLD, "--nox11", "--full", "--quiet"))
+
+
+@needs_root
 def test_side_by_side_cann_switches_latest_and_uninstalls(host):
     home = "/usr/local/Ascend/ascend-toolkit"
     ok(host.run_pkg(TOOLKIT_800, "--install", "--quiet"))
-    ok(host.run_pkg(KERNELS_800, "--install", "--quiet"))
+    ok(host.run_with_toolkit_env(KERNELS_800, "--install", "--quiet"))
     ok(host.run_pkg(TOOLKIT_83, "--install", "--quiet", "--install-path=/opt/elsewhere"))
     assert not host.exists("/opt/elsewhere")  # the recorded CANN path wins
     assert host.readlink(f"{home}/latest/runtime") == "../8.3.RC2/runtime"

@@ -157,3 +157,19 @@ def test_check_mode_changes_nothing(old_lab, tmp_path):
     env_file = old_lab.sh_ok("lab-01", "cat /etc/profile.d/dsctl-ascend.sh")
     assert "HCCL_BUFFSIZE" not in env_file
     assert boots(old_lab) == before
+
+
+def test_a_driver_only_host_gets_its_firmware_with_full_and_provisions(old_lab):
+    # The firmware package removed by its own uninstaller (its upgrade record goes with it, the chips keep
+    # their image): the decision follows the firmware's record, so --full though a driver is installed.
+    dsctl("lab", "fault", "lab-01", "uninstall", "--component", "firmware")
+    assert old_lab.sh("lab-01", "test -e /usr/local/Ascend/firmware").exit_code != 0
+    result, report = provision(old_lab.inventory, "--limit", "lab-01")
+    assert result.returncode == 0, report and report["errors"]
+    row = report["data"]["hosts"][0]
+    assert (row["host"], row["firmware"]) == ("lab-01", NEW_FIRMWARE) and row["status"] in ("ok", "changed")
+    firmware_runs = [line for line in old_lab.sh_ok("lab-01", "cat /var/log/ascend_seclog/operation.log").splitlines()
+                     if "npu-firmware" in line]
+    assert firmware_runs[-1].startswith("Install ") and " success " in firmware_runs[-1], firmware_runs
+    assert "--full" in firmware_runs[-1] and "--upgrade" not in firmware_runs[-1]
+    assert versions(old_lab, "lab-01") == (NEW_DRIVER, NEW_FIRMWARE, NEW_CANN)

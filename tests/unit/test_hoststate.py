@@ -181,6 +181,7 @@ def bare_raw() -> dict:
         "kernels_dirs": {},
         "npu_smi": {"path": None, "info": None, "boards": {}},
         "upgrade_tool": None,
+        "firmware_record": None,
         "run_user": {"name": "HwHiAiUser", "exists": True, "group": "HwHiAiUser", "group_exists": True},
         "serving": {"venv": "/opt/dsctl/serving-venv", "exists": False, "python": None, "packages": {}},
     }
@@ -219,6 +220,7 @@ def host_raw(
     raw["kernels_dirs"] = {version: kernels and version == active for version in cann_versions}
     raw["npu_smi"] = npu_smi_raw(running["driver"], running["firmware"]["version"], npus=npus, health=health)
     raw["upgrade_tool"] = f"{ROOT}/driver/tools/upgrade-tool"
+    raw["firmware_record"] = f"{ROOT}/firmware/script/upgrade.sh"  # what the lab's firmware installer writes
     raw["serving"] = {
         "venv": "/opt/dsctl/serving-venv",
         "exists": True,

@@ -68,11 +68,64 @@ def test_going_back_to_an_older_driver_is_an_upgrade_run_saying_older():
     assert step.action == "upgrade" and "older 25.3.rc1" in step.reason
 
 
-def test_driver_present_but_firmware_missing_installs_the_firmware_with_full():
-    raw = host_raw()
+def driver_only(hdk_version: str = "25.5.0") -> dict:
+    """The firmware package uninstalled (its files and upgrade record gone); the chips still run a firmware."""
+    raw = host_raw(hdk_version, ("8.5.0",))
     raw["files"]["firmware_version_info"] = None
-    steps = by_component(steps_of(raw))
-    assert steps["firmware"].action == "install" and steps["driver"].action == "none"
+    raw["firmware_record"] = None
+    return raw
+
+
+def firmware_only(hdk_version: str = "25.5.0") -> dict:
+    """The driver package uninstalled: no driver files, no upgrade-tool, no npu-smi; the firmware's stay."""
+    raw = host_raw(hdk_version, ("8.5.0",))
+    raw["files"]["driver_version_info"] = None
+    raw["upgrade_tool"] = None
+    raw["npu_smi"] = {"path": None, "info": None, "boards": {}}
+    return raw
+
+
+def hdk_steps(raw: dict, stack=None) -> list[tuple[str, str]]:
+    return [(step.component, step.action) for step in steps_of(raw, stack)[:2]]
+
+
+def test_driver_only_host_gets_the_firmware_with_full_first_though_a_driver_exists():
+    assert hdk_steps(driver_only()) == [("firmware", "install"), ("driver", "none")]
+    assert hdk_steps(driver_only("24.1.rc3")) == [("firmware", "install"), ("driver", "upgrade")]
+    firmware = by_component(steps_of(driver_only()))["firmware"]
+    assert "no upgrade record" in firmware.reason and "--full" in firmware.reason
+    assert packages_needed(steps_of(driver_only())) == [desired().firmware_run]
+
+
+def test_firmware_only_host_gets_the_driver_first_and_upgrades_the_firmware_by_its_record():
+    assert hdk_steps(firmware_only()) == [("driver", "install"), ("firmware", "none")]
+    assert hdk_steps(firmware_only("24.1.rc3")) == [("driver", "install"), ("firmware", "upgrade")]
+
+
+def test_both_installed_upgrade_firmware_then_driver_and_neither_installs_driver_then_firmware():
+    assert hdk_steps(host_raw("24.1.rc3", ("8.0.0",))) == [("firmware", "upgrade"), ("driver", "upgrade")]
+    assert hdk_steps(host_raw()) == [("firmware", "none"), ("driver", "none")]
+    assert hdk_steps(bare_raw()) == [("driver", "install"), ("firmware", "install")]
+
+
+def test_the_upgrade_record_not_the_version_file_decides_between_full_and_upgrade():
+    # A version file without the record (a half-removed package): --full, as ascend-deployer would run.
+    raw = host_raw("24.1.rc3", ("8.0.0",))
+    raw["firmware_record"] = None
+    firmware = by_component(steps_of(raw))["firmware"]
+    assert firmware.action == "install" and firmware.current == "7.5.0.1.129"
+    assert "names 7.5.0.1.129 but the firmware has no upgrade record" in firmware.reason
+    # The record without a version file: still an installed firmware, so --upgrade.
+    raw = host_raw("24.1.rc3", ("8.0.0",))
+    raw["files"]["firmware_version_info"] = None
+    firmware = by_component(steps_of(raw))["firmware"]
+    assert firmware.action == "upgrade" and firmware.current is None and "upgrade record" in firmware.reason
+    # A collector without the key: the version file stands in for the record.
+    raw = host_raw("24.1.rc3", ("8.0.0",))
+    del raw["firmware_record"]
+    assert by_component(steps_of(raw))["firmware"].action == "upgrade"
+    assert parse_host(raw).firmware.upgrade_record == "/usr/local/Ascend/firmware/version.info"
+    assert parse_host(driver_only()).firmware.upgrade_record is None
 
 
 def test_versions_compare_case_insensitively_like_the_rest_of_dsctl():

@@ -7,6 +7,7 @@ import pytest
 from dsctl import data
 from dsctl.core.lab.plan import board_state, plan_lab
 from dsctl.errors import ExitStatus, UsageError
+from dsctl.lab import preinstall
 
 CHIPS = data.load("chips")
 
@@ -67,3 +68,14 @@ def test_board_of_an_atlas_800t_a2_matches_the_public_sample():
 def test_more_npus_than_known_bus_ids_get_distinct_ids():
     board = board_state("lab-01", 16, "910B3", CHIPS["chips"], CHIPS["bus_ids"])
     assert len({n["bus_id"] for n in board["npus"]}) == 16
+
+
+def test_preinstalled_hosts_run_kernels_and_nnal_with_the_toolkit_env_and_driver_only_has_no_firmware():
+    steps = preinstall.plan(plan(hosts=1, driver="24.1.rc3", cann="8.0.0"), arch="x86_64")
+    by_part = {step.component: step.argv for step in steps}
+    assert list(by_part) == ["driver", "toolkit", "kernels", "nnal"]  # --driver alone: a driver-only host
+    assert by_part["driver"][:2] == ["bash", "/tmp/Ascend-hdk-910b-npu-driver_24.1.rc3_linux-x86_64.run"]
+    for part in ("kernels", "nnal"):
+        shell, flag, script, env, *run = by_part[part]
+        assert (shell, flag, env) == ("bash", "-c", "/usr/local/Ascend/ascend-toolkit/set_env.sh")
+        assert script == '. "$0"; exec "$@"' and run[0] == "bash" and "--install" in run

@@ -102,7 +102,11 @@ def fault(
     npu: Annotated[int | None, typer.Option("--npu", help="NPU id, for chip-unhealthy / chip-healthy.")] = None,
     health: Annotated[str, typer.Option("--health", help="Health to report: Warning, Alarm or Critical.")] = "Critical",
     component: Annotated[
-        str, typer.Option("--component", help="install-fail: any, driver, firmware, toolkit, kernels or nnal.")
+        str,
+        typer.Option(
+            "--component", help="install-fail: any, driver, firmware, toolkit, kernels or nnal; uninstall: driver or "
+            "firmware."
+        ),
     ] = "any",
     root: RootOption = DEFAULT_ROOT,
 ) -> None:

@@ -13,6 +13,12 @@ ascend-interfaces.md sections 4.4, 4.5, 6.5:
   version (section 6.1); ``opp_kernel`` joins version.cfg.
 * nnal: ``<root>/nnal/atb/<ver>/`` with ``latest -> <ver>`` and
   ``nnal/atb/set_env.sh``.
+* kernels/ops and nnal need the toolkit's environment (``source <root>/ascend-toolkit/set_env.sh``) in the
+  shell that runs them, as the vendor's do: the kernels' install.sh takes its install path from
+  ``ASCEND_OPP_PATH`` (``opp_env_dir=${ASCEND_OPP_PATH}``, public copies of the opp_kernel install.sh) and
+  without it ends "Run package install failed, please retry after check your device and reboot!", rc 1;
+  vllm-project/vllm-ascend#144 (kernels install failing until set_env.sh was sourced right after the
+  toolkit) and Ascend/docs#69.
 
 Transcripts copy the public CANN 6.3.RC1 / 8.0.0 install logs
 (``[Toolkit] [20230710-22:44:15] [INFO] ...``, "install package CANN-runtime-...
@@ -247,6 +253,11 @@ class _CannRun:
 
     def armed(self) -> bool:
         return runpkg.install_failure_armed(self.fault_component)
+
+    def toolkit_env_missing(self, variable: str) -> bool:
+        """``variable`` (exported by the toolkit's set_env.sh) is unset or names no directory."""
+        value = os.environ.get(variable, "")
+        return not value or not Path(value).is_dir()
 
     def run(self) -> None:
         raise NotImplementedError
@@ -525,6 +536,14 @@ class KernelsRun(_CannRun):
                 "install failed!"
             )
         base = self._base_dir()
+        if self.toolkit_env_missing("ASCEND_OPP_PATH"):
+            # The detail line is inferred; the last line and rc 1 are the vendor install.sh's.
+            t.error(
+                f"ASCEND_OPP_PATH is not set, the opp path of the toolkit cannot be found; please source "
+                f"{self.toolkit_home}/set_env.sh before installing {Path(self.pkg['run_name']).stem}."
+            )
+            t.info("Run package install failed, please retry after check your device and reboot!")
+            raise InstallFailed(1)
         build = self.pkg["cann"]["toolkit"]["build"]
         sub = f"{kernels['inner_package']}-{build}-linux.{self.arch}.run"
         with runpkg.StagedDir(base / "opp_kernel") as staged:
@@ -646,6 +665,12 @@ class NnalRun(_CannRun):
             raise self.fail(
                 f"The CANN toolkit is not installed in {self.toolkit_home}, please install "
                 "Ascend-cann-toolkit first and source its set_env.sh."
+            )
+        if self.toolkit_env_missing("ASCEND_HOME_PATH"):
+            # ATB links against the CANN runtime it finds through the toolkit's env; inferred wording
+            raise self.fail(
+                f"ASCEND_HOME_PATH is not set, please source {self.toolkit_home}/set_env.sh before installing "
+                f"{Path(self.pkg['run_name']).stem}."
             )
         atb_home = self.root / "nnal" / "atb"
         atb_home.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,13 @@ def _installed_version(directory: Path) -> str | None:
         return None
 
 
+def firmware_upgrade_record() -> Path | None:
+    """The first ``firmware/**/upgrade*`` file: the installed firmware's upgrade record (ascend-deployer
+    task_firmware.yml finds it with ``find /usr/local/Ascend/firmware -regex '.*upgrade.*'``)."""
+    found = sorted(FIRMWARE_DIR.glob("**/upgrade*")) if FIRMWARE_DIR.is_dir() else []
+    return found[0] if found else None
+
+
 def _install_info_text() -> str:
     try:
         return INSTALL_INFO.read_text()
@@ -445,8 +452,9 @@ def install_firmware(pkg: dict, payload: Path, argv: list[str]) -> int:
     base = _installed_version(FIRMWARE_DIR)
     if base:
         t.info(f"base version is {base}.")
-    elif flags.has("--upgrade"):
-        # inferred wording; the brief wants a refusal when nothing is installed
+    if flags.has("--upgrade") and not firmware_upgrade_record():
+        # An upgrade needs an installed firmware, known by its upgrade record (what ascend-deployer looks for
+        # before choosing --upgrade over --full, task_firmware.yml); inferred wording.
         return fail(
             "Firmware package is not installed on this device, upgrade failed. Please use --full to install it."
         )

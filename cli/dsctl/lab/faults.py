@@ -3,6 +3,9 @@
 A sick chip shows in npu-smi's Health column, an armed installer failure makes
 the next .run fail midway with a real-looking error, an unplugged cable makes
 the host unreachable, a full disk makes writes fail with ENOSPC and shows in df.
+``uninstall --component driver|firmware`` runs the package's own uninstall.sh on
+the host, leaving the firmware-only or driver-only state a real server can be in
+(the firmware's upgrade record goes with its package, the flashed chips keep it).
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from enum import StrEnum
 
 from dsctl.core.lab.plan import LabSpec
 from dsctl.emu import hwstate
-from dsctl.errors import UsageError
+from dsctl.errors import DsctlError, UsageError
 from dsctl.lab import hosts
 from dsctl.lab.hosts import LabPaths
 
 # Health values npu-smi can report besides OK (Ascend npu-smi manual: OK, Warning, Alarm, Critical).
 UNHEALTHY_VALUES = ("Warning", "Alarm", "Critical")
 INSTALL_COMPONENTS = ("any", "driver", "firmware", "toolkit", "kernels", "nnal")
+UNINSTALL_COMPONENTS = ("driver", "firmware")
 # What is left free on a "full" disk: enough for the shell and sshd, not for a package.
 FULL_DISK_HEADROOM_BYTES = 256 * 1024
 
@@ -31,6 +35,7 @@ class FaultKind(StrEnum):
     network_up = "network-up"
     disk_full = "disk-full"
     disk_free = "disk-free"
+    uninstall = "uninstall"
     clear = "clear"
 
 
@@ -62,6 +67,19 @@ def _disk_used(paths: LabPaths, host: str) -> int:
     return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
 
 
+def _uninstall(paths: LabPaths, host: str, component: str) -> str:
+    if component not in UNINSTALL_COMPONENTS:
+        raise UsageError(f"--component must be one of {', '.join(UNINSTALL_COMPONENTS)} for uninstall, "
+                         f"got {component!r}")
+    script = f"/usr/local/Ascend/{component}/script/uninstall.sh"
+    result = hosts.run_in_host(paths, host, ["sh", "-c", f"test -x {script} && exec {script} --quiet"])
+    if result.returncode != 0:
+        tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-1:]) or f"no {script}"
+        raise DsctlError(f"{host}: the {component} is not installed, nothing to uninstall ({tail})")
+    left = {"driver": "firmware-only", "firmware": "driver-only"}[component]
+    return f"{host}: {component} uninstalled by its own uninstall.sh ({left} unless the other was absent too)"
+
+
 def inject(paths: LabPaths, spec: LabSpec, host_name: str, kind: FaultKind, *, npu: int | None = None,
            health: str = "Critical", component: str = "any") -> str:
     host = _find_host(spec, host_name)
@@ -78,6 +96,8 @@ def inject(paths: LabPaths, spec: LabSpec, host_name: str, kind: FaultKind, *, n
         with hwstate.locked(hw_dir):
             hwstate.save_faults({**hwstate.faults(hw_dir), "install_fail": component}, hw_dir)
         return f"{host.name}: the next {component} installer run fails midway"
+    if kind is FaultKind.uninstall:
+        return _uninstall(paths, host.name, component)
     if kind in (FaultKind.network_down, FaultKind.network_up):
         hosts.set_link(host, up=kind is FaultKind.network_up)
         return f"{host.name}: network {'up' if kind is FaultKind.network_up else 'down'}"

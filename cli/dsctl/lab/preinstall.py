@@ -3,8 +3,9 @@
 The state files a preinstalled host carries are therefore the ones the
 installers write, not a copy made for the occasion.  Order and flags follow
 what an operator (or ascend-deployer) runs on a fresh server: create the run
-user, driver then firmware, then the CANN toolkit, kernels/ops and NNAL, then
-reboot (ascend-interfaces.md sections 5.2, 6.1, 6.2).
+user, driver then firmware, then the CANN toolkit, kernels/ops and NNAL (those two
+with the toolkit's set_env.sh sourced), then reboot (ascend-interfaces.md sections
+5.2, 6.1, 6.2).
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ FLAGS = {
 }
 
 
+# Kernels/ops and NNAL run with the toolkit's env sourced, as vllm-ascend's guide says since #144.
+TOOLKIT_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+NEEDS_TOOLKIT_ENV = ("kernels", "nnal")
+
+
 @dataclass(frozen=True)
 class InstallStep:
     component: str
@@ -43,7 +49,10 @@ class InstallStep:
 
     @property
     def argv(self) -> list[str]:
-        return ["bash", f"/tmp/{self.package}", *FLAGS[self.component]]
+        run = ["bash", f"/tmp/{self.package}", *FLAGS[self.component]]
+        if self.component in NEEDS_TOOLKIT_ENV:
+            return ["bash", "-c", '. "$0"; exec "$@"', TOOLKIT_ENV, *run]
+        return run
 
 
 def _choose(specs: list[PackageSpec], component: str, version: str, option: str) -> str:

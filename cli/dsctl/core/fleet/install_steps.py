@@ -9,7 +9,11 @@ same release everywhere (`dsctl.core.fleet.versions.same_version`).
 Actions:
 
 * ``install``: the package is absent: run its installer (driver/firmware ``--full``, CANN parts ``--install``);
-* ``upgrade``: another version is installed: run the installer with ``--upgrade`` (driver and firmware only);
+* ``upgrade``: another version is installed: run the installer with ``--upgrade`` (driver and firmware only).
+  The firmware decides by its own upgrade record (``/usr/local/Ascend/firmware/**/upgrade*``, ascend-deployer
+  task_firmware.yml; ascend-interfaces.md section 6.2): ``--upgrade`` when the record exists, ``--full`` when
+  it does not, whether or not a driver is installed (a driver-only host gets ``--full``; the vendor's installer
+  refuses ``--upgrade`` there);
 * ``switch``: the wanted version is already installed side by side but not active: repoint ``latest/``
   (the toolkit's link farm and version.cfg, NNAL's ``latest`` link) without running any installer;
 * ``none``: the wanted version is installed and active.
@@ -60,7 +64,8 @@ class InstallStep:
 def plan_install_steps(desired: DesiredStack, state: HostState) -> tuple[InstallStep, ...]:
     """The ordered steps that take ``state`` to ``desired`` (see the module docstring)."""
     driver = _hdk_step("driver", "Driver", state.driver.installed, desired.driver, desired.driver_run)
-    firmware = _hdk_step("firmware", "Firmware", state.firmware.installed, desired.firmware, desired.firmware_run)
+    firmware = _firmware_step(state.firmware.installed, state.firmware.upgrade_record, desired.firmware,
+                              desired.firmware_run)
     hdk = (driver, firmware) if state.driver.installed is None else (firmware, driver)
     return (*hdk, *_cann_steps(desired, state))
 
@@ -118,6 +123,21 @@ def _hdk_step(component: str, title: str, installed: str | None, wanted: str, pa
     # package (ascend-interfaces.md section 6.5: no vendor rollback for driver or firmware).
     return InstallStep(component, "upgrade", wanted, wanted, installed, package,
                        f"{title} {installed} is installed, the {direction} {wanted} wanted.")
+
+
+def _firmware_step(installed: str | None, record: str | None, wanted: str, package: str) -> InstallStep:
+    """Install (--full) or upgrade by the firmware's own upgrade record, never by the driver's presence."""
+    if installed is not None and same_version(installed, wanted):
+        return _hdk_step("firmware", "Firmware", installed, wanted, package)
+    if record is None:
+        now = (f"firmware/version.info names {installed} but the firmware has no upgrade record"
+               if installed else "Firmware is not installed (no upgrade record)")
+        return InstallStep("firmware", "install", wanted, wanted, installed, package,
+                           f"{now}, {wanted} wanted: a first install (--full).")
+    if installed is None:
+        return InstallStep("firmware", "upgrade", wanted, wanted, None, package,
+                           f"Firmware has an upgrade record ({record}) but no version.info, {wanted} wanted.")
+    return _hdk_step("firmware", "Firmware", installed, wanted, package)
 
 
 # --------------------------------------------------------------------------- CANN parts

@@ -78,6 +78,10 @@ class FirmwareState:
     running_mixed: bool = False  # NPUs report different firmware (details in NpusState.boards)
     package_version: str | None = None  # the HDK release the firmware shipped with
     accepts_driver_ranges: tuple[tuple[str, str], ...] = ()  # compatible_version_drv prefix ranges
+    # The firmware's own upgrade record: the first /usr/local/Ascend/firmware/**/upgrade* file.  ascend-deployer
+    # runs the firmware installer with --upgrade when it exists, else --full (task_firmware.yml;
+    # ascend-interfaces.md section 6.2), whatever the driver's state.
+    upgrade_record: str | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,7 @@ def parse_host(raw: Mapping[str, Any]) -> HostState:
     unread_npus = NpusState(present=npu_smi_path is not None, path=npu_smi_path)
     npus = _guarded(problems, "npu", lambda: _parse_npus(npu_smi, problems), unread_npus)
     driver = _guarded(problems, "driver", lambda: _parse_driver(raw, files, npus, problems), DriverState())
-    firmware = _guarded(problems, "firmware", lambda: _parse_firmware(files, npus, problems), FirmwareState())
+    firmware = _guarded(problems, "firmware", lambda: _parse_firmware(raw, files, npus, problems), FirmwareState())
     cann = _guarded(problems, "cann", lambda: _parse_cann(raw, files, problems), CannState())
     env = _guarded(problems, "env", lambda: _parse_env(files.get("env_file"), problems), EnvState())
     reasons = _pending_reasons(driver, firmware, npus)
@@ -316,7 +320,9 @@ def _parse_driver(
     )
 
 
-def _parse_firmware(files: Mapping[str, Any], npus: NpusState, problems: list[Problem]) -> FirmwareState:
+def _parse_firmware(
+    raw: Mapping[str, Any], files: Mapping[str, Any], npus: NpusState, problems: list[Problem]
+) -> FirmwareState:
     text = _str(files.get("firmware_version_info"))
     fields = vf.parse_key_value(text) if text else {}
     if text and not fields.get("Version"):
@@ -328,7 +334,16 @@ def _parse_firmware(files: Mapping[str, Any], npus: NpusState, problems: list[Pr
         running_mixed=len(set(running)) > 1,
         package_version=fields.get("package_version") or None,
         accepts_driver_ranges=tuple(vf.parse_ranges(fields.get("compatible_version_drv", ""))),
+        upgrade_record=_firmware_record(raw, text),
     )
+
+
+def _firmware_record(raw: Mapping[str, Any], version_info: str | None) -> str | None:
+    if "firmware_record" in raw:
+        return _str(raw.get("firmware_record"))
+    # A collector that predates the key: the version file stands in (the installer writes both together;
+    # firmware, like the driver, always lives under /usr/local/Ascend).
+    return "/usr/local/Ascend/firmware/version.info" if version_info else None
 
 
 def _trains(id_list_text: str) -> tuple[str, ...]:
