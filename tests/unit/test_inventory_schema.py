@@ -243,3 +243,17 @@ def test_lab_inventory_pins_the_manifests_it_wrote(tmp_path):
     assert manifest_pins(tmp_path) == {"dsctl_package_manifest_sha256": hashlib.sha256(b"ab  x.run\n").hexdigest()}
     (tmp_path / "wheels" / "SHA256SUMS").write_bytes(b"")
     assert manifest_pins(tmp_path)["dsctl_wheelhouse_manifest_sha256"] == hashlib.sha256(b"").hexdigest()
+
+
+def test_upgrade_reads_a_pinned_manifest_only_when_its_digest_matches(tmp_path):
+    import hashlib
+
+    from dsctl.services.upgrade import read_package_sums
+
+    manifest = ("ab" * 32 + "  Ascend-cann-toolkit_8.5.0_linux-x86_64.run\n").encode()
+    (tmp_path / "SHA256SUMS").write_bytes(manifest)
+    (tmp_path / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_bytes(b"")
+    pin = hashlib.sha256(manifest).hexdigest()
+    assert list(read_package_sums(str(tmp_path), pin)) == ["Ascend-cann-toolkit_8.5.0_linux-x86_64.run"]
+    with pytest.raises(ValueError, match=f"the inventory pins {PIN}; the source is refused"):
+        read_package_sums(str(tmp_path), PIN)
