@@ -70,3 +70,13 @@ def test_an_alias_bomb_in_an_inventory_is_refused_before_ansible_reads_it(capsys
     assert main([verb, str(inventory)]) == 2
     assert time.monotonic() - started < 1.0
     assert "its YAML aliases expand to more than" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_plain_http_package_source_without_a_pin_is_refused_before_any_host(capsys, tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  children:\n    npu_nodes:\n      hosts:\n        a: {ansible_host: 192.0.2.1}\n"
+                         "      vars:\n        dsctl_npu_count: 8\n"
+                         "        dsctl_package_source: http://mirror.example/ascend\n")
+    assert main(["provision", str(inventory)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "dsctl_package_source: plain http://" in line and "dsctl_package_manifest_sha256" in line
