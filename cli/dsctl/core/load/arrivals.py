@@ -13,6 +13,10 @@ non-homogeneous process: Poisson gaps give an exact inhomogeneous Poisson proces
 schedule whose instantaneous rate follows the ramp. Without a duration the ramp horizon is the time at which
 N requests are released at the ramp's mean rate, T = 2N / (a + b), so the rate reaches b at the last request.
 
+The schedule is lazy (`release_times`): the probe draws each release time as it sends, from the seed, so a
+schedule of N requests costs no list of N floats; one pass ahead counts it and finds vLLM's rescaling factor.
+Counts are capped (`dsctl.core.load.limits`).
+
 A closed loop (fixed concurrency) has no schedule: each of C workers sends its next request when its previous one
 ends; the client code handles that case (``closed_loop``).
 """
@@ -62,12 +66,7 @@ class ArrivalSpec:
 
 def unit_gaps(n: int, shape: float, rng: random.Random) -> list[float]:
     """n inter-arrival gaps with mean 1: Gamma(shape, 1/shape); shape 1 = exponential, inf = all 1."""
-    if math.isinf(shape):
-        return [1.0] * n
-    if shape == 1.0:
-        return [rng.expovariate(1.0) for _ in range(n)]
-    scale = 1.0 / shape
-    return [rng.gammavariate(shape, scale) for _ in range(n)]
+    return list(itertools.islice(_unit_gap_stream(shape, rng), n))
 
 
 def gaps(n: int, rate: float, burstiness: float = 1.0, seed: int | None = 0) -> list[float]:
