@@ -20,6 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from dsctl.adapters import output_paths
+from dsctl.errors import UsageError
+
 ROOT = "/run/dsctl/bench-lab"
 WORKLOAD = ("--slo", "ttft=200ms", "--prompt-tokens", "256", "--output-tokens", "64", "--warmup", "2")
 
@@ -42,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--plot", type=Path, help="copy the last run's Pareto plot here")
     args = parser.parse_args(argv)
+    if args.plot is not None:  # before the lab and the tunes, not after them
+        try:
+            output_paths.check_file("--plot", args.plot)
+        except UsageError as exc:
+            raise SystemExit(f"tune_live: {exc}") from None
     dsctl("lab", "down")
     inventory = ok(dsctl("lab", "up", "--hosts", "2")).stdout.strip().splitlines()[-1]
     try:

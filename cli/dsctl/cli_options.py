@@ -12,6 +12,7 @@ import yaml
 
 from dsctl import ui
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.fleet import yaml_bounds
 from dsctl.errors import UsageError
 from dsctl.services.context import AppContext
 from dsctl.services.ports import PlaybookRunner, ProgressSink
@@ -89,7 +90,9 @@ def report(command: str, result: VerbResult, *, as_json: bool, render: Callable[
 
 def _param_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text) if text.strip() else text
+        return yaml_bounds.safe_load(text, "--param") if text.strip() else text
+    except yaml_bounds.TooLarge as exc:
+        raise UsageError(str(exc)) from None
     except yaml.YAMLError:
         return text  # not YAML: the plain string, which the parameter's schema then judges
 

@@ -57,7 +57,7 @@ def test_packages_to_an_unwritable_place_names_the_option(tmp_path: Path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = run_cli("lab", "packages", "--out", str(blocker / "sub"))
-    assert result.returncode == 1
+    assert result.returncode == 2  # refused before any package is built (adapters/output_paths)
     assert result.stderr.startswith("dsctl: error: --out ")
     assert len(result.stderr.strip().splitlines()) == 1
 

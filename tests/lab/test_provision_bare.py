@@ -33,6 +33,34 @@ def bare_fleet():
     dsctl("lab", "down")
 
 
+def _http_inventory(lab, url: str, tmp_path, **pins: str):
+    """The lab's inventory with its package source served over ``url`` (and the lab's pins, unless overridden)."""
+    data = yaml.safe_load(lab.inventory.read_text())
+    data["all"]["children"]["npu_nodes"]["vars"].update(
+        dsctl_package_source=url, dsctl_wheelhouse=f"{url}/wheels", **pins)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    return inventory
+
+
+def test_a_pinned_manifest_digest_that_does_not_match_refuses_the_source_before_any_change(bare_fleet, package_url,
+                                                                                           tmp_path):
+    lab = bare_fleet  # first in the module: the hosts are still bare, so "nothing changed" is visible on them
+    wrong = "0" * 64
+    inventory = _http_inventory(lab, package_url, tmp_path, dsctl_package_manifest_sha256=wrong)
+    result = dsctl("provision", str(inventory), "--limit", "lab-03", "--json", check=False)
+    report = json.loads(result.stdout)
+    assert result.returncode == 4, result.stderr
+    row = report["data"]["hosts"][0]
+    assert (row["host"], row["status"], row["changed"]) == ("lab-03", "failed", 0)
+    errors = "\n".join(report["errors"])
+    assert "lab-03: failed at ascend_preflight" in errors
+    assert f"the inventory pins {wrong}" in errors and "dsctl_package_manifest_sha256" in errors
+    # nothing was copied, installed or created on the host
+    assert lab.sh_ok("lab-03", "ls -A /usr/local/Ascend /var/cache/dsctl 2>/dev/null | wc -l").strip() == "0"
+    assert lab.sh("lab-03", "id HwHiAiUser").exit_code != 0
+
+
 def test_fresh_hosts_are_provisioned_while_an_unreachable_one_is_reported(bare_fleet):
     lab = bare_fleet
     dsctl("lab", "fault", "lab-03", "network-down")
@@ -65,11 +93,8 @@ def test_fresh_hosts_are_provisioned_while_an_unreachable_one_is_reported(bare_f
 
 def test_an_http_package_source_is_downloaded_and_verified_on_the_host(bare_fleet, package_url, tmp_path):
     lab = bare_fleet
-    data = yaml.safe_load(lab.inventory.read_text())
-    data["all"]["children"]["npu_nodes"]["vars"].update(
-        dsctl_package_source=package_url, dsctl_wheelhouse=f"{package_url}/wheels")
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump(data))
+    inventory = _http_inventory(lab, package_url, tmp_path)  # pinned by `dsctl lab up`: plain http is accepted
+    assert "dsctl_package_manifest_sha256" in lab.inventory.read_text()
     result = dsctl("provision", str(inventory), "--limit", "lab-03", "--json", check=False)
     assert result.returncode == 0, result.stdout
     row = json.loads(result.stdout)["data"]["hosts"][0]

@@ -197,3 +197,63 @@ def test_safe_path_settings_pass():
     settings = validate_host_vars("a", {**SITE, "dsctl_service_config_dir": "/srv/dsctl-2.0/services_a+b"})
     assert settings.dsctl_service_config_dir == "/srv/dsctl-2.0/services_a+b"
     assert HostSettings.model_fields["dsctl_service_log_dir"].default == "/var/log/dsctl"
+
+
+# -- package trust (issue 12) ----------------------------------------------------------------------------------
+
+PIN = "3f" * 32
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"dsctl_package_source": "http://mirror.example/ascend"}, "dsctl_package_source"),
+    ({"dsctl_package_source": "HTTP://mirror.example/ascend"}, "dsctl_package_source"),
+    ({"dsctl_package_source": "http://mirror.example/ascend", "dsctl_package_manifest_sha256": PIN},
+     "dsctl_wheelhouse"),  # its default, <source>/wheels, is plain http too
+    ({"dsctl_wheelhouse": "http://mirror.example/wheels"}, "dsctl_wheelhouse"),
+])
+def test_a_plain_http_source_without_a_pinned_manifest_is_refused(extra, field):
+    message = str(problem({**SITE, **extra}))
+    pin = field.replace("dsctl_package_source", "dsctl_package_manifest").replace("dsctl_wheelhouse",
+                                                                                   "dsctl_wheelhouse_manifest")
+    assert message.startswith(f"inventory: host lab-01: {field}: plain http://")
+    assert f"set {pin}_sha256" in message and "sha256sum SHA256SUMS" in message
+
+
+def test_a_pinned_http_source_https_and_directories_are_accepted():
+    pinned = validate_host_vars("lab-01", {**SITE, "dsctl_package_source": "http://mirror.example/ascend",
+                                           "dsctl_package_manifest_sha256": PIN.upper(),
+                                           "dsctl_wheelhouse_manifest_sha256": PIN})
+    assert pinned.dsctl_package_manifest_sha256 == PIN  # normalised to lower case, as sha256sum prints it
+    assert validate_host_vars("lab-01", {**SITE, "dsctl_package_source": "https://mirror.example/a"})
+    assert validate_host_vars("lab-01", SITE).dsctl_package_manifest_sha256 is None
+
+
+def test_a_pin_that_is_not_a_digest_is_refused():
+    message = str(problem({**SITE, "dsctl_package_manifest_sha256": "sha256:abc"}))
+    assert "dsctl_package_manifest_sha256: expected a sha256 digest" in message
+
+
+def test_lab_inventory_pins_the_manifests_it_wrote(tmp_path):
+    import hashlib
+
+    from dsctl.lab.inventory import manifest_pins
+
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "SHA256SUMS").write_bytes(b"ab  x.run\n")
+    assert manifest_pins(tmp_path) == {"dsctl_package_manifest_sha256": hashlib.sha256(b"ab  x.run\n").hexdigest()}
+    (tmp_path / "wheels" / "SHA256SUMS").write_bytes(b"")
+    assert manifest_pins(tmp_path)["dsctl_wheelhouse_manifest_sha256"] == hashlib.sha256(b"").hexdigest()
+
+
+def test_upgrade_reads_a_pinned_manifest_only_when_its_digest_matches(tmp_path):
+    import hashlib
+
+    from dsctl.services.upgrade import read_package_sums
+
+    manifest = ("ab" * 32 + "  Ascend-cann-toolkit_8.5.0_linux-x86_64.run\n").encode()
+    (tmp_path / "SHA256SUMS").write_bytes(manifest)
+    (tmp_path / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_bytes(b"")
+    pin = hashlib.sha256(manifest).hexdigest()
+    assert list(read_package_sums(str(tmp_path), pin)) == ["Ascend-cann-toolkit_8.5.0_linux-x86_64.run"]
+    with pytest.raises(ValueError, match=f"the inventory pins {PIN}; the source is refused"):
+        read_package_sums(str(tmp_path), PIN)

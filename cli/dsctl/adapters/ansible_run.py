@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dsctl.adapters.inventory import VaultOptions
+from dsctl.adapters.inventory import VaultOptions, check_yaml_bounds
 from dsctl.assets import ansible_cfg, asset_root
 from dsctl.errors import DsctlError, EnvironmentUnsupported, ExitStatus, UsageError
 
@@ -464,6 +464,7 @@ def run_playbook(
     inventory = Path(inventory).expanduser().absolute()
     if not inventory.exists():
         raise UsageError(f"inventory {inventory} does not exist")
+    check_yaml_bounds(inventory)  # ansible-playbook would expand an alias bomb in full
     binary = ansible_playbook_bin()
     if not os.access(binary, os.X_OK):
         raise EnvironmentUnsupported(f"{binary} is missing; reinstall dsctl (it depends on ansible-core)")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.assets import asset_root
+from dsctl.core.fleet import yaml_bounds
 from dsctl.errors import DsctlError, UsageError
 
 NPU_GROUP = "npu_nodes"
@@ -73,6 +74,43 @@ class VaultOptions:
         return self._entered[0]
 
 
+MAX_YAML_FILE_BYTES = 16 * 1024 * 1024  # one inventory, group_vars or host_vars file
+_YAML_SUFFIXES = ("", ".yml", ".yaml", ".json")  # what Ansible reads as variable files
+
+
+def _yaml_files(inventory: Path) -> list[Path]:
+    """The files Ansible reads YAML from for ``inventory``: the file (or every file under the directory) and the
+    group_vars/ and host_vars/ next to it."""
+    inventory = inventory.expanduser()
+    base = inventory if inventory.is_dir() else inventory.parent
+    roots = [inventory] if inventory.is_dir() else [inventory, base / "group_vars", base / "host_vars"]
+    found: list[Path] = []
+    for root in roots:
+        if root.is_file():
+            found.append(root)
+        elif root.is_dir():
+            found += sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
+                            and p.suffix.lower() in _YAML_SUFFIXES)
+    return list(dict.fromkeys(found))
+
+
+def check_yaml_bounds(inventory: Path) -> None:
+    """Refuse (one line) an inventory whose YAML is too large or expands too far through aliases
+    (`dsctl.core.fleet.yaml_bounds`), before Ansible (the reader's child or ansible-playbook) parses it."""
+    for path in _yaml_files(inventory):
+        try:
+            if path.stat().st_size > MAX_YAML_FILE_BYTES:
+                raise UsageError(f"inventory: {path}: more than {MAX_YAML_FILE_BYTES >> 20} MiB; an inventory "
+                                 "file that large is refused, split it or remove what the fleet does not need")
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue  # unreadable: Ansible reports it in its own words
+        try:
+            yaml_bounds.check(text, f"inventory: {path}")
+        except yaml_bounds.TooLarge as exc:
+            raise UsageError(str(exc)) from None
+
+
 def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | None = None,
               limit: str | None = None) -> dict[str, dict[str, Any]]:
     """Host -> its dsctl_* settings and connection variables, rendered, for every host of ``group`` that
@@ -84,6 +122,7 @@ def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | Non
     """
     if not inventory.is_file() and not inventory.is_dir():
         raise UsageError(f"inventory: {inventory} does not exist; pass the path `dsctl lab up` printed or your own")
+    check_yaml_bounds(inventory)
     vault = vault or VaultOptions()
     if vault.password_file is not None and not Path(vault.password_file).expanduser().is_file():
         raise UsageError(f"--vault-password-file: {vault.password_file} does not exist; pass the file that holds "

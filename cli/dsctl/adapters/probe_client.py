@@ -46,11 +46,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from dsctl.core.load import limits
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord
 
 _CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*(\]?)')
@@ -835,7 +836,7 @@ class Load:
     """How requests are released. ``schedule`` (seconds from start) for an open loop, else a closed loop of
     ``concurrency`` workers. ``concurrency`` also caps an open loop (a semaphore; waiting is client queue time)."""
 
-    schedule: list[float] | None
+    schedule: Iterable[float] | None  # iterated once, lazily (`dsctl.core.load.arrivals.Schedule`)
     concurrency: int | None
     requests: int | None
     duration: float | None
@@ -964,7 +965,8 @@ class ProbeRun:
 
         async def closed_loop() -> None:
             deadline = start + load.duration if load.duration is not None else math.inf
-            counter = iter(range(load.requests) if load.requests is not None else _count())
+            # a closed loop bounded only by --duration still sends at most the cap (its records stay in memory)
+            counter = iter(range(load.requests if load.requests is not None else limits.MAX_REQUESTS))
 
             async def worker() -> None:
                 for i in counter:
@@ -1013,10 +1015,3 @@ _SPIN = 0.0015  # seconds before a release time when the dispatcher stops sleepi
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _count():
-    i = 0
-    while True:
-        yield i
-        i += 1

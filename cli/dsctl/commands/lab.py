@@ -120,8 +120,10 @@ def packages(
     as_json: JsonOption = False,
 ) -> None:
     """Write the lab's emulated Huawei installer packages (.run) and their sha256 manifest."""
+    from dsctl.adapters import output_paths
     from dsctl.lab.packages import build_packages
 
+    output_paths.check_dir("--out", out)  # before the packages are built
     try:
         written = build_packages(out)
     except OSError as exc:

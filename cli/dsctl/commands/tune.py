@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import typer
 
 from dsctl import ui
-from dsctl.adapters.ansible_run import new_artifacts_dir
+from dsctl.adapters import output_paths
+from dsctl.adapters.ansible_run import new_artifacts_dir, runs_dir
 from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, vault_options
 from dsctl.core.tune import quality
 from dsctl.core.tune.pareto import TrialRecord
@@ -174,6 +175,11 @@ def run(
     does."""
     if resume is not None and not resume.is_dir():
         raise UsageError(f"--resume {resume}: no such run directory; give the directory an earlier tune printed")
+    # The run directory holds the journal, trials.jsonl and pareto.png: writable before the first trial.
+    if resume is not None:
+        output_paths.check_dir("--resume", resume)
+    else:
+        output_paths.check_dir("run directory ($XDG_STATE_HOME/dsctl/runs)", runs_dir())
     if simulate:
         if inventory is not None:
             raise UsageError("--simulate reads no inventory: drop INVENTORY, or drop --simulate to tune the fleet")

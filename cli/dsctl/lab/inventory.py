@@ -7,6 +7,8 @@ tells a role that it talks to a lab.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -40,6 +42,17 @@ def demo_service(npus: int) -> dict[str, Any]:
     }
 
 
+def manifest_pins(packages: Path) -> dict[str, str]:
+    """The digests of the package directory's SHA256SUMS and of its wheelhouse's, as an inventory pins them
+    (`sha256sum SHA256SUMS`): with them the lab's packages stay trusted when a test serves them over http://."""
+    pins = {}
+    for name, manifest in (("dsctl_package_manifest_sha256", packages / "SHA256SUMS"),
+                           ("dsctl_wheelhouse_manifest_sha256", packages / "wheels" / "SHA256SUMS")):
+        if manifest.is_file():
+            pins[name] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    return pins
+
+
 def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
     group_vars: dict[str, Any] = {
         "ansible_user": "root",
@@ -50,6 +63,7 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         "ansible_python_interpreter": "/usr/bin/python3",
         "dsctl_npu_count": spec.npus,
         "dsctl_package_source": str(paths.packages),
+        **manifest_pins(paths.packages),
         "dsctl_reboot_command": REBOOT_COMMAND,
         # A lab host boots in about a second; a host that is not back in two minutes never will be.
         "dsctl_reboot_timeout": 120,

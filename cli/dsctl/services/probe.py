@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dsctl.adapters import sweep_plot
+from dsctl.adapters import output_paths, sweep_plot
 from dsctl.adapters.ansible_run import new_artifacts_dir
 from dsctl.adapters.probe_client import Load, RunResult, Target, Timeouts
 from dsctl.adapters.tokenizer import LocalTokenizer
-from dsctl.core.load import arrivals, dataset, probe_metrics, sweep
+from dsctl.core.load import arrivals, dataset, limits, probe_metrics, sweep
 from dsctl.core.load.probe_metrics import RequestRecord, SloWatch
 from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, engine_tokens, request_body
 from dsctl.errors import DsctlError, ExitStatus, UsageError
@@ -94,6 +94,7 @@ class Plan:
     prompt_counting: str = "engine rule"  # how planned prompt lengths were counted: "engine rule" | "tokenizer"
     replay: bool = False  # the schedule is a dataset's timestamps
     dataset_info: dict[str, Any] | None = None
+    last_release: float | None = None  # an open loop's last release (seconds from the start)
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,21 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
         raise UsageError(f"--concurrency {cfg.concurrency}: must be at least 1")
     if cfg.requests is not None and cfg.requests < 1:
         raise UsageError(f"--requests {cfg.requests}: must be at least 1")
+    try:  # before anything is built from them (`dsctl.core.load.limits`)
+        if cfg.concurrency is not None:
+            limits.check("--concurrency", cfg.concurrency, limits.MAX_CONCURRENCY, "requests in flight")
+        for option, count in (("--requests", cfg.requests), ("--warmup", cfg.warmup)):
+            if count is not None:
+                limits.check(option, count, limits.MAX_REQUESTS, "requests of one probe")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if cfg.duration is not None and not cfg.duration > 0:
         raise UsageError(f"--duration {cfg.duration:g}: must be a positive number of seconds")
     if cfg.warmup < 0:
         raise UsageError(f"--warmup {cfg.warmup}: must not be negative")
+    if cfg.burstiness is not None and not cfg.burstiness > 0:  # refused, never read as the default 1
+        raise UsageError(f"--burstiness {cfg.burstiness:g}: must be greater than 0 (1 = Poisson, below 1 burstier, "
+                         "above 1 more regular, inf = constant)")
     if not cfg.timeout > 0:
         raise UsageError(f"--timeout {cfg.timeout:g}: must be a positive number of seconds")
     if not 0.0 <= cfg.shared_prefix <= 1.0:
@@ -204,6 +216,7 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
                         counter=tokenizer.count if tokenizer is not None else None)
 
     spec: arrivals.ArrivalSpec | None = None
+    last_release: float | None = None  # an open loop's last release time (the backstop)
     if replay:  # the dataset's timestamps are the schedule; --concurrency, when given, caps what is in flight
         if cfg.arrival is not None or cfg.burstiness is not None or cfg.ramp_to is not None:
             raise UsageError("--arrival/--burstiness/--ramp-to shape a --rate; a dataset with timestamps replays "
@@ -215,6 +228,7 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
             raise UsageError(f"no timestamp of --dataset {cfg.dataset} falls inside --duration {cfg.duration:g} s")
         load = Load(schedule=list(stamps), concurrency=cfg.concurrency, requests=len(stamps), duration=cfg.duration)
         total = len(stamps)
+        last_release = stamps[-1]
     elif cfg.rate is None:  # closed loop
         if cfg.arrival is not None or cfg.burstiness is not None or cfg.ramp_to is not None:
             raise UsageError("--arrival/--burstiness/--ramp-to shape an open loop: they need --rate")
@@ -225,17 +239,18 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
                                   "gamma" if cfg.burstiness is not None else "poisson")
         if cfg.burstiness is not None and process in ("constant", "poisson"):
             raise UsageError(f"--burstiness applies to --arrival gamma or ramp, not {process}")
-        spec = arrivals.ArrivalSpec(process=process, rate=cfg.rate, burstiness=cfg.burstiness or 1.0,
-                                    ramp_to=cfg.ramp_to)
+        spec = arrivals.ArrivalSpec(process=process, rate=cfg.rate, ramp_to=cfg.ramp_to,
+                                    burstiness=1.0 if cfg.burstiness is None else cfg.burstiness)
         try:
             spec.validate()
-            schedule = arrivals.schedule(spec, requests=requests, duration=cfg.duration, seed=cfg.seed)
+            schedule = arrivals.release_times(spec, requests=requests, duration=cfg.duration, seed=cfg.seed)
         except ValueError as exc:
             raise UsageError(str(exc).replace("ramp_to", "--ramp-to")) from None
-        if not schedule:
+        if not schedule.count:
             raise UsageError(f"no request falls inside --duration {cfg.duration:g} s at --rate {cfg.rate:g}")
-        load = Load(schedule=schedule, concurrency=cfg.concurrency, requests=len(schedule), duration=cfg.duration)
-        total = len(schedule)
+        load = Load(schedule=schedule, concurrency=cfg.concurrency, requests=schedule.count, duration=cfg.duration)
+        total = schedule.count
+        last_release = schedule.last
     timeouts = Timeouts(total=cfg.timeout, connect=min(10.0, cfg.timeout), idle=min(60.0, cfg.timeout))
     info = None if data is None else {"file": str(source), "format": data.kind, "entries": len(data.items),
                                       "skipped": data.skipped, "timestamps": data.timestamps is not None,
@@ -243,7 +258,7 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
     return Plan(target=target, path=ENDPOINTS[cfg.endpoint], spec=spec, load=load, workload=workload,
                 bounds_ms=bounds, timeouts=timeouts, total_planned=total, percentiles=percentiles,
                 tokenizer=tokenizer, prompt_counting="tokenizer" if tokenizer is not None else "engine rule",
-                replay=replay, dataset_info=info)
+                replay=replay, dataset_info=info, last_release=last_release)
 
 
 def _backstop(plan: Plan) -> float:
@@ -251,8 +266,8 @@ def _backstop(plan: Plan) -> float:
     t = plan.timeouts.total
     load = plan.load
     if load.schedule is not None:
-        waves = math.ceil(len(load.schedule) / load.concurrency) if load.concurrency else 1
-        return load.schedule[-1] + waves * t + 10.0
+        waves = math.ceil((plan.total_planned or 0) / load.concurrency) if load.concurrency else 1
+        return (plan.last_release or 0.0) + waves * t + 10.0
     if load.requests is not None:
         bound = math.ceil(load.requests / (load.concurrency or 1)) * t + 10.0
         return bound if load.duration is None else min(bound, load.duration + t + 10.0)
@@ -403,10 +418,20 @@ def write_csv(path: Path, runs: list[tuple[float | None, RunResult]], *, text: b
         raise DsctlError(f"--csv {path}: {exc.strerror or exc}") from None
 
 
+def check_outputs(cfg: ProbeConfig) -> None:
+    """Every file the probe writes at its end can be written, checked before the first request."""
+    for option, path in (("--record", cfg.record), ("--csv", cfg.csv)):
+        if path is not None:
+            output_paths.check_file(option, path)
+    if cfg.sweep is not None and cfg.run_dir is not None:
+        output_paths.check_dir("--run-dir", cfg.run_dir)
+
+
 def probe(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_progress, *,
           lag_samples: list[float] | None = None) -> ProbeResult:
     """Validate ``cfg``, run the probe (or the sweep) end to end and summarize it. ``lag_samples``
     (bench/probe.py) collects how late the event loop handled each read after the kernel got it."""
+    check_outputs(cfg)
     if cfg.sweep is not None:
         return run_sweep(prober, cfg, progress)
     plan = make_plan(cfg)

@@ -408,20 +408,26 @@ def _instances(fleet: Fleet) -> dict[str, list[PlannedInstance]]:
 # --------------------------------------------------------------------------------------------- preflight
 
 
-def read_package_sums(source: str) -> dict[str, str]:
+def read_package_sums(source: str, pin: str | None = None) -> dict[str, str]:
     """The package source's SHA256SUMS (a directory on the controller or an http(s) URL); {} when absent. For a
-    directory, only the packages whose file is there too (the roles verify each digest when they fetch it)."""
+    directory, only the packages whose file is there too (the roles verify each digest when they fetch it).
+    ``pin`` (dsctl_package_manifest_sha256): a manifest whose bytes have another sha256 raises ValueError."""
     location = f"{str(source).rstrip('/')}/SHA256SUMS"
     remote = location.startswith(("http://", "https://"))
     try:
         if remote:
             with urllib.request.urlopen(location, timeout=30) as response:  # noqa: S310 (http(s) only)
-                text = response.read().decode("utf-8", "replace")
+                raw = response.read()
         else:
-            text = Path(location).read_text(encoding="utf-8", errors="replace")
+            raw = Path(location).read_bytes()
     except OSError:
         return {}
-    sums = parse_sha256sums(text)
+    got = hashlib.sha256(raw).hexdigest()
+    if pin is not None and got != pin:
+        raise ValueError(f"dsctl_package_manifest_sha256: {location} has sha256 {got}, the inventory pins {pin}; "
+                         "the source is refused (changed or tampered with): if its packages were updated on purpose, "
+                         "pin the new `sha256sum SHA256SUMS`")
+    sums = parse_sha256sums(raw.decode("utf-8", "replace"))
     return sums if remote else {name: digest for name, digest in sums.items() if (Path(source) / name).is_file()}
 
 
@@ -470,8 +476,12 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
         desired[host] = Versions() if stack is None else Versions(
             driver=stack.driver, firmware=stack.firmware, cann=stack.cann, vllm_ascend=stack.vllm_ascend)
     sums: dict[str, str] = {}
-    for source in {settings.dsctl_package_source for settings in fleet.settings.values()}:
-        sums.update(read_package_sums(source))
+    for source, pin in {(settings.dsctl_package_source, settings.dsctl_package_manifest_sha256)
+                        for settings in fleet.settings.values()}:
+        try:
+            sums.update(read_package_sums(source, pin))
+        except ValueError as mismatch:
+            problems.append(str(mismatch))
     plan = plan_upgrade(releases, hosts, current=current, desired=desired, overrides=inputs.overrides(), arch=arch,
                         package_sums=sums, batch=BatchSize.parse(inputs.batch), canary=inputs.canary,
                         disk_free_mb=free)

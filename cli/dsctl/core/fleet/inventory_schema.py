@@ -13,6 +13,7 @@ choice stops a run before any host is touched.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -74,6 +75,26 @@ _PATH_OR_URL = f"{SAFE_PATH_WORDS} or an http(s):// URL"
 _FLAG = "true or false (unquoted)"
 
 
+# Package trust (issue 12): a manifest's digest pinned in the inventory.
+def _sha256(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise ValueError("not a sha256 digest")
+    return value.lower()
+
+
+class PinMissing(ValueError):
+    """A source over plain http:// without its manifest's digest (one line: the field and the fix)."""
+
+    def __init__(self, source: str, pin: str):
+        super().__init__(f"{source}: plain http:// can be tampered with on the way; set {pin} to the digest of its "
+                         "SHA256SUMS (`sha256sum SHA256SUMS` where the files are), or serve it over https:// or from "
+                         "a directory")
+
+
+Sha256 = Annotated[Text, AfterValidator(_sha256)]
+_SHA256 = "a sha256 digest (64 hex digits: sha256sum SHA256SUMS)"
+
+
 class HostSettings(BaseModel):
     """The dsctl settings of one host; each field's description is what an error says it expects."""
 
@@ -119,6 +140,20 @@ class HostSettings(BaseModel):
     dsctl_gateway_on_controller: Annotated[Flag, Field(description=_FLAG)] = False
     dsctl_gateway_drain: Annotated[Any, Field(description="a list of host/instance")] = None
     dsctl_gateway_undrain: Annotated[Any, Field(description="a list of host/instance")] = None
+    # Package trust (issue 12): the sha256 of the SHA256SUMS file itself (`sha256sum SHA256SUMS`), checked by
+    # ascend_preflight before anything runs as root; a source over plain http:// must be pinned (_pinned_http).
+    dsctl_package_manifest_sha256: Annotated[Sha256 | None, Field(description=_SHA256)] = None
+    dsctl_wheelhouse_manifest_sha256: Annotated[Sha256 | None, Field(description=_SHA256)] = None
+
+    @model_validator(mode="after")
+    def _pinned_http(self) -> HostSettings:
+        # Over plain http the manifest and the installers come from the same unauthenticated source: anyone on the
+        # path can swap both. Pinned, the manifest is checked against the inventory, and each installer against it.
+        for source, pin in (("dsctl_package_source", "dsctl_package_manifest_sha256"),
+                            ("dsctl_wheelhouse", "dsctl_wheelhouse_manifest_sha256")):
+            if str(getattr(self, source) or "").lower().startswith("http://") and getattr(self, pin) is None:
+                raise PinMissing(source, pin)
+        return self
 
     # Not an inventory variable: validate_fleet attaches the resolved stack here.  validate_host_vars only
     # passes dsctl_* keys in, so an inventory cannot set it.
@@ -181,6 +216,8 @@ def _unknown_setting(key: str) -> str:
 
 
 def _problem(error: Mapping[str, Any]) -> str:
+    if isinstance((error.get("ctx") or {}).get("error"), PinMissing):
+        return str(error["ctx"]["error"])
     field = str(error["loc"][0]) if error.get("loc") else "inventory"
     info = HostSettings.model_fields.get(field)
     expected = info.description if info is not None and info.description else "a valid value"

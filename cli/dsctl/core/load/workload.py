@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsctl.core.load import dataset
+from dsctl.core.load import dataset, limits
 from dsctl.engine.text import count_tokens
 
 Counter = Callable[[str], int]  # tokens of a text
@@ -80,7 +80,19 @@ class LengthSpec:
             raise ValueError(f"{what} {text!r}: needs 1 <= LO <= HI")
         if spec.kind == "normal" and not (spec.a >= 1 and spec.b >= 0):
             raise ValueError(f"{what} {text!r}: needs MEAN >= 1 and STD >= 0")
+        if spec.longest > limits.MAX_TOKENS:  # a prompt is built word by word: bound it before the first one
+            raise ValueError(f"{what} {text!r}: requests of up to {spec.longest} tokens, more than the "
+                             f"{limits.MAX_TOKENS} tokens per request dsctl allows; lower it")
         return spec
+
+    @property
+    def longest(self) -> int:
+        """The most tokens one request of this spec has (a normal's draws are clipped at MEAN + 4 STD)."""
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return int(self.b)
+        return max(1, round(self.a + 4 * self.b))
 
     def sample(self, rng: random.Random) -> int:
         if self.kind == "fixed":
@@ -175,9 +187,7 @@ class Workload:
         self._prefix_cache: dict[int, str] = {}
         pool_rng = random.Random(f"{seed}:pool")
         self._pool = [pool_rng.choice(WORDS) for _ in range(self.POOL)]
-        prefix_max = int(prompt_len.b if prompt_len.kind == "uniform" else
-                         (prompt_len.a + 4 * prompt_len.b if prompt_len.kind == "normal" else prompt_len.a))
-        self._prefix = [pool_rng.choice(WORDS) for _ in range(max(1, prefix_max))] if shared_prefix > 0 else []
+        self._prefix = [pool_rng.choice(WORDS) for _ in range(prompt_len.longest)] if shared_prefix > 0 else []
 
     def _prefix_text(self, tokens: int) -> str:
         """The common prefix fitted to ``tokens`` of the tokenizer's tokens (one per prompt length, cached)."""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dsctl.core.load import limits
 from dsctl.core.perf.perfmodel import (
     GB,
     Chip,
@@ -156,6 +157,12 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
                         ("concurrency", concurrency), ("chips", chips)):
         if value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
+    try:  # the caps every workload shares (`dsctl.core.load.limits`)
+        limits.check("--prompt-tokens", prompt_tokens, limits.MAX_TOKENS, "tokens per request")
+        limits.check("--output-tokens", output_tokens, limits.MAX_TOKENS, "tokens per request")
+        limits.check("--concurrency", concurrency, limits.MAX_CONCURRENCY, "requests in flight")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     d = Deployment(chip=chip, model=model, chips=chips, memory_utilization=memory_utilization,
                    weight_bytes=weight_bytes, efficiency=efficiency or load_profiles()[2])
     sequence = prompt_tokens + output_tokens
@@ -203,9 +210,14 @@ def _average_context(prompt_tokens: int, output_tokens: int) -> int:
 
 def _burst_ttft(concurrency: int, batch: int, prefill: float, cycle: float) -> tuple[float, float]:
     # Arrival i (0-based) runs in wave i // batch, which starts once the earlier waves' requests finished,
-    # and waits for the prefills ahead of it in its wave.
-    waits = [(i // batch) * cycle + (i % batch + 1) * prefill for i in range(concurrency)]
-    return sum(waits) / concurrency, max(waits)
+    # and waits for the prefills ahead of it in its wave: wait(i) = (i // batch) cycle + (i % batch + 1) prefill.
+    # Summed in closed form (q full waves, r in the last): no list of `concurrency` waits. The last arrival waits
+    # longest, since a cycle holds at least a wave's prefills.
+    full, rest = divmod(concurrency, batch)
+    waves = batch * full * (full - 1) / 2 + rest * full  # sum of i // batch
+    places = full * batch * (batch + 1) / 2 + rest * (rest + 1) / 2  # sum of i % batch + 1
+    last = concurrency - 1
+    return (waves * cycle + places * prefill) / concurrency, (last // batch) * cycle + (last % batch + 1) * prefill
 
 
 # --------------------------------------------------------------------------- verdicts
