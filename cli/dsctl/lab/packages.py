@@ -281,7 +281,7 @@ def build_packages(out_dir: Path, arch: str = platform.machine(), releases: dict
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(written, key=lambda p: p.name)
     )
     (out_dir / "SHA256SUMS").write_text(sums)
-    return written + build_wheelhouse(out_dir / "wheels", releases)
+    return written + build_wheelhouse(out_dir / "wheels", releases, arch)
 
 
 def build_run(spec: PackageSpec) -> bytes:
