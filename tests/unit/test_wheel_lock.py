@@ -13,6 +13,7 @@ from ansible.errors import AnsibleFilterError
 from dsctl import data
 from dsctl.core.fleet import inventory_schema, wheel_lock
 from dsctl.core.fleet.matrix import release_pins, resolve_stack
+from dsctl.core.fleet.stack import serving_venv_name
 from dsctl.errors import DsctlError
 from dsctl.lab import wheelhouse
 from dsctl.services import host_plan
@@ -45,7 +46,8 @@ def test_the_default_row_pins_triton_ascend():
 
 def test_lock_names_and_the_choice_per_arch_and_python():
     name = wheel_lock.lock_name(PINS, "aarch64", "3.11")
-    assert name == f"lock-vllm-ascend-0.13.0-{wheel_lock.pins_digest(PINS)}-aarch64-py3.11.txt"
+    assert name == f"lock-{serving_venv_name(PINS)}-aarch64-py3.11.txt"
+    assert name.startswith("lock-vllm-ascend-0.13.0-")
     files = [wheel_lock.lock_name(PINS, arch, py) for arch in ("aarch64", "x86_64") for py in ("3.10", "3.11")]
     files.append(wheel_lock.lock_name({**PINS, "torch-npu": "2.8.0.post1"}, "aarch64", "3.11"))
     assert wheel_lock.choose_lock(files, PINS, "aarch64", "3.11") == name

@@ -12,9 +12,11 @@ Backend of ``dsctl lab packages --out DIR``.  Every release in
     Ascend-cann-nnal_<ver>_linux-<arch>.run
 
 plus ``SHA256SUMS`` (the .run files only), and the wheelhouse ``wheels/``: small
-stand-in wheels of torch, torch_npu, vllm and vllm-ascend at the versions of
-the ``vllm_ascend_matrix`` rows of those CANN releases, with their own
-``wheels/SHA256SUMS`` for ``pip install --require-hashes`` (dsctl.lab.wheelhouse).
+stand-in wheels of torch, torch_npu, vllm, vllm-ascend and triton-ascend at the
+versions of the ``vllm_ascend_matrix`` rows of those CANN releases, with the
+dependencies they declare, one hash lock per row for ``arch``, a PEP 503
+``wheels/simple/`` index and their own ``wheels/SHA256SUMS`` for ``pip install
+--require-hashes`` (dsctl.lab.wheelhouse).
 Each .run is makeself-shaped: a bash header, then a
 tar.gz payload whose SHA256 the header embeds.  The header implements the
 makeself flags the vendor packages honour (``--check``, ``--quiet``,

@@ -15,8 +15,6 @@ specifier without a local label ignores the candidate's local label (PEP 440, "V
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from dsctl.core.fleet.stack import serving_venv_name
 from dsctl.errors import DsctlError, ExitStatus
 
 LOCK_PREFIX = "lock-"
@@ -69,17 +68,12 @@ def normalized_arch(arch: str) -> str:
     return text
 
 
-def pins_digest(pins: Mapping[str, str]) -> str:
-    """8 hex digits over the pin set (PEP 503 names), so a lock belongs to exactly one matrix row's pins."""
-    normalized = {canonicalize_name(str(name)): str(version) for name, version in pins.items()}
-    return hashlib.sha256(json.dumps(normalized, sort_keys=True).encode()).hexdigest()[:8]
-
-
 def lock_name(pins: Mapping[str, str], arch: str, python: str) -> str:
-    """``lock-vllm-ascend-0.13.0-1a2b3c4d-aarch64-py3.11.txt``: the lock of ``pins`` for one platform."""
-    release = next((str(v) for n, v in pins.items() if canonicalize_name(str(n)) == "vllm-ascend"), "stack")
-    return (f"{LOCK_PREFIX}vllm-ascend-{release}-{pins_digest(pins)}-{normalized_arch(arch)}"
-            f"-py{python_tag(python)}{LOCK_SUFFIX}")
+    """``lock-vllm-ascend-0.13.0-1a2b3c4d-aarch64-py3.11.txt``: the lock of ``pins`` for one platform.
+
+    Named after the stack's venv (`serving_venv_name`: the release and a digest of every pin), so a lock belongs
+    to exactly one pin set, as the venv it fills does."""
+    return f"{LOCK_PREFIX}{serving_venv_name(pins)}-{normalized_arch(arch)}-py{python_tag(python)}{LOCK_SUFFIX}"
 
 
 def choose_lock(files: Iterable[str], pins: Mapping[str, str], arch: str, python: str) -> str | None:
