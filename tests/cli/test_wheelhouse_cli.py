@@ -87,3 +87,22 @@ def test_bad_input_is_refused_before_pip_runs(tmp_path, capsys, args, line):
     assert main(["wheelhouse", "build", *args, "--out", str(tmp_path / "wh")]) == 2
     assert capsys.readouterr().err == f"dsctl: error: {line}\n"
     assert not (tmp_path / "wh").exists()
+
+
+def test_an_inventory_locks_the_row_of_each_hosts_stack(mirror, tmp_path, capsys):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  children:\n    npu_nodes:\n      hosts:\n"
+        "        kp-01: {}\n        kp-02: {}\n"
+        "        kp-03: {dsctl_cann_version: '8.3.RC2', dsctl_driver_version: '25.3.rc1', "
+        "dsctl_vllm_ascend_version: v0.12.0rc1}\n"
+        "        kp-04: {dsctl_vllm_ascend_version: none}\n"
+        "      vars: {dsctl_npu_count: 8, dsctl_package_source: /srv/ascend}\n")
+    args = ["wheelhouse", "build", str(inventory), "--find-links", str(mirror), "--arch", "aarch64",
+            "--out", str(tmp_path / "wh"), "--json"]
+    assert main(args) == 0, capsys.readouterr().err
+    locks = json.loads(capsys.readouterr().out)["data"]["locks"]
+    # One lock per distinct row (kp-01 and kp-02 share the default one; kp-04 serves nothing).
+    assert sorted(lock["file"] for lock in locks) == sorted([
+        wheel_lock.lock_name(PINS, "aarch64", "3.11"),
+        wheel_lock.lock_name(release_pins(RELEASES, "v0.12.0rc1")[0], "aarch64", "3.11")])
