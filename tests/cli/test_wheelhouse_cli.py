@@ -106,3 +106,13 @@ def test_an_inventory_locks_the_row_of_each_hosts_stack(mirror, tmp_path, capsys
     assert sorted(lock["file"] for lock in locks) == sorted([
         wheel_lock.lock_name(PINS, "aarch64", "3.11"),
         wheel_lock.lock_name(release_pins(RELEASES, "v0.12.0rc1")[0], "aarch64", "3.11")])
+
+
+def test_pip_is_bounded_by_the_timeout(mirror, tmp_path, capsys):
+    args = ["wheelhouse", "build", "--release", "v0.13.0", "--find-links", str(mirror), "--timeout", "0.01",
+            "--out", str(tmp_path / "wh")]
+    assert main(args) == 7
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("dsctl: error: wheelhouse: pip did not resolve lock-vllm-ascend-0.13.0-")
+    assert error.endswith("in 0.01 s; raise --timeout or use a nearer mirror")
+    assert not list((tmp_path / "wh").glob(".download-*"))

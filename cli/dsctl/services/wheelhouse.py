@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsctl.adapters import pip_download
 from dsctl.core.fleet import wheel_lock
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
@@ -104,11 +105,8 @@ def download_argv(request: WheelhouseRequest, pins: Mapping[str, str], arch: str
 
 def _download(request: WheelhouseRequest, pins: Mapping[str, str], arch: str, python: str, dest: Path) -> None:
     lock = wheel_lock.lock_name(pins, arch, python)
-    # The user's pip.conf must not add indexes or constraints to what they named on the command line.
-    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1"}
     try:
-        result = subprocess.run(download_argv(request, pins, arch, python, dest), capture_output=True, text=True,
-                                timeout=request.timeout, env=env, check=False)
+        result = pip_download.run(download_argv(request, pins, arch, python, dest), request.timeout)
     except subprocess.TimeoutExpired:
         raise DsctlError(f"wheelhouse: pip did not resolve {lock} from {_source(request)} in {request.timeout:g} s; "
                          "raise --timeout or use a nearer mirror", ExitStatus.TIMEOUT) from None
