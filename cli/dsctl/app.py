@@ -14,7 +14,7 @@ import typer
 from typer._click import exceptions as click_errors
 
 from dsctl import __version__
-from dsctl.commands import check, deploy, engine, estimate, lab, matrix, probe, provision, tune, upgrade
+from dsctl.commands import check, deploy, engine, estimate, lab, matrix, probe, provision, tune, upgrade, wheelhouse
 from dsctl.errors import DsctlError, ExitStatus
 from dsctl.services.context import AppContext
 
@@ -26,6 +26,7 @@ app = typer.Typer(
 )
 app.add_typer(lab.app, name="lab")
 app.add_typer(engine.app, name="engine")
+app.add_typer(wheelhouse.app, name="wheelhouse")
 app.command(name="matrix")(matrix.show)
 app.command(name="provision")(provision.run)
 app.command(name="check")(check.run)

@@ -12,6 +12,7 @@ instance filters return its entry instead of validating and rendering again; wit
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 
@@ -19,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 
 try:
     from dsctl.adapters.ansible_values import plain as _plain
-    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema
+    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, wheel_lock
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate
     from dsctl.errors import DsctlError
@@ -115,10 +116,12 @@ def parse_sha256sums(text: str) -> dict:
 
 
 def _wheels_for(name: str, version: str, sums: dict) -> dict[str, str]:
-    """Wheel files of one pinned distribution in a wheelhouse manifest (PEP 427 names), file -> sha256."""
-    wheel_prefix = re.sub(r"[-_.]+", "_", name).lower() + "-" + version + "-"
-    found = {file: digest for file, digest in sums.items() if file.lower().startswith(wheel_prefix)
-             and file.endswith(".whl")}
+    """Wheel files of one pinned distribution in a wheelhouse manifest, file -> sha256.
+
+    PEP 440 matching (dsctl.core.fleet.wheel_lock), not a file-name prefix: ``torch-2.8.0+cpu-...whl`` is a
+    wheel of the pin torch==2.8.0, as pip sees it."""
+    _require_core()
+    found = {file: sums[file] for file in wheel_lock.wheels_for(name, version, sums)}
     if not found:
         raise AnsibleFilterError(
             f"wheelhouse: no wheel for {name}=={version} in its SHA256SUMS; add it to the wheelhouse"
@@ -133,7 +136,10 @@ def pinned_wheels(pins, sums) -> list[str]:
 
 
 def pip_requirements(pins, sums) -> str:
-    """requirements.txt pinning each distribution, with every wheelhouse hash of that name and version."""
+    """requirements.txt pinning each distribution, with every wheelhouse hash of that name and version.
+
+    For a wheelhouse without a lock: only dependency-free wheels install this way (--require-hashes wants a
+    hashed line for every dependency too); `dsctl wheelhouse build` writes the lock that covers them."""
     sums = _plain(sums)
     lines = []
     for name, version in sorted(_plain(pins).items()):
@@ -147,9 +153,55 @@ def _normalized(name: str) -> str:
 
 
 def pin_drift(pins, installed) -> list[str]:
-    """Distributions whose installed version differs from the pin (PEP 503 names compared)."""
+    """Distributions whose installed version does not meet the pin (PEP 503 names, PEP 440 ``==``:
+    an installed vllm 0.13.0+empty meets the pin 0.13.0)."""
+    _require_core()
     have = {_normalized(name): str(version) for name, version in _plain(installed or {}).items()}
-    return sorted(name for name, version in _plain(pins or {}).items() if have.get(_normalized(name)) != str(version))
+    return sorted(name for name, version in _plain(pins or {}).items()
+                  if _normalized(name) not in have or not wheel_lock.pin_matches(str(version), have[_normalized(name)]))
+
+
+def _lock_call(function, *args):
+    _require_core()
+    try:
+        return function(*args)
+    except DsctlError as problem:
+        raise AnsibleFilterError(str(problem)) from None
+
+
+def choose_lock(sums, pins, arch, python_version) -> str:
+    """The wheelhouse's lock file for these pins on a host of ``arch`` with ``python_version``; "" for none."""
+    return _lock_call(lambda: wheel_lock.choose_lock(_plain(sums or {}), _plain(pins or {}), str(arch),
+                                                     wheel_lock.python_of(str(python_version))) or "")
+
+
+def lock_requirements(text, pins) -> str:
+    """The lock's requirement lines once checked: every pin in it at a matching version, hashes on every line."""
+    def check():
+        entries = wheel_lock.parse_lock(str(text))
+        problems = wheel_lock.lock_problems(entries, _plain(pins or {}))
+        if problems:
+            raise wheel_lock.LockError(f"lock: {problems[0]}; rebuild it with dsctl wheelhouse build")
+        return wheel_lock.render_lock(entries, ["written by dsctl provision from the lock"])
+    return _lock_call(check)
+
+
+def lock_wheels(text, sums) -> list[str]:
+    """The wheelhouse files the lock's hashes name (to fetch them from a wheelhouse URL)."""
+    return _lock_call(lambda: wheel_lock.lock_wheels(wheel_lock.parse_lock(str(text)), _plain(sums or {})))
+
+
+def plain_requirements(pins) -> str:
+    """The top-level pins without hashes (a package index and no lock: dependencies are pip's choice)."""
+    return _lock_call(lambda: wheel_lock.plain_requirements(_plain(pins or {})))
+
+
+def verified_text(text, digest, name) -> str:
+    """``text`` when its SHA256 is ``digest`` (a lock fetched over http checked against the manifest)."""
+    actual = hashlib.sha256(str(text).encode()).hexdigest()
+    if actual != str(digest).lower():
+        raise AnsibleFilterError(f"wheelhouse: {name} does not match its SHA256SUMS line; fetch the wheelhouse again")
+    return str(text)
 
 
 def render_env(overrides, toolkit_set_env: str, nnal_set_env: str) -> str:
@@ -228,6 +280,11 @@ class FilterModule:
             "dsctl_pip_requirements": pip_requirements,
             "dsctl_pin_drift": pin_drift,
             "dsctl_pinned_wheels": pinned_wheels,
+            "dsctl_choose_lock": choose_lock,
+            "dsctl_lock_requirements": lock_requirements,
+            "dsctl_lock_wheels": lock_wheels,
+            "dsctl_plain_requirements": plain_requirements,
+            "dsctl_verified_text": verified_text,
             "dsctl_render_env": render_env,
             "dsctl_expected_env": expected_env,
             "dsctl_audit": audit_report,

@@ -87,8 +87,25 @@ def test_fresh_hosts_are_provisioned_while_an_unreachable_one_is_reported(bare_f
     probe = "import torch_npu, vllm_ascend; print(torch_npu.__version__, vllm_ascend.__version__)"
     imported = lab.sh_ok("lab-01", f"/opt/dsctl/serving-venv/bin/python -c '{probe}'")
     assert imported.split() == ["2.8.0.post2", "0.13.0"]
+    # The whole dependency tree came from the wheelhouse's lock, every wheel hash-checked (--require-hashes).
+    assert venv_distributions(lab, "lab-01", "/opt/dsctl/serving-venv") == LOCKED_V0130
+    requirements = lab.sh_ok("lab-01", "cat /opt/dsctl/serving-venv/dsctl-requirements.txt")
+    assert "mpmath==1.3.0 --hash=sha256:" in requirements and "vllm==0.13.0+empty --hash=sha256:" in requirements
 
     dsctl("lab", "fault", "lab-03", "network-up")
+
+
+# The closure of the v0.13.0 row among the lab's stand-ins (dsctl.lab.wheelhouse), as the venv lists it.
+LOCKED_V0130 = {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0+empty", "vllm-ascend": "0.13.0",
+                "triton-ascend": "3.2.0", "filelock": "3.16.1", "typing-extensions": "4.12.2", "sympy": "1.13.3",
+                "mpmath": "1.3.0", "numpy": "1.26.4", "requests": "2.32.3", "idna": "3.10"}
+
+
+def venv_distributions(lab, host: str, venv: str) -> dict[str, str]:
+    script = ("import importlib.metadata as m, json, re; print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name'])"
+              ".lower(): d.version for d in m.distributions()}))")
+    listed = json.loads(lab.sh_ok(host, f'{venv}/bin/python -I -c "{script}"'))
+    return {name: version for name, version in listed.items() if name not in ("pip", "setuptools")}
 
 
 def test_an_http_package_source_is_downloaded_and_verified_on_the_host(bare_fleet, package_url, tmp_path):
@@ -99,6 +116,24 @@ def test_an_http_package_source_is_downloaded_and_verified_on_the_host(bare_flee
     assert result.returncode == 0, result.stdout
     row = json.loads(result.stdout)["data"]["hosts"][0]
     assert (row["host"], row["status"], row["cann"], row["vllm_ascend"]) == ("lab-03", "changed", "8.5.0", "0.13.0")
+
+
+def test_a_site_index_serves_the_pins_with_the_locks_hashes(bare_fleet, package_url, tmp_path):
+    """dsctl_pip_index_url: pip installs from the lab's PEP 503 index over http, every wheel checked against the
+    lock (dsctl_pip_lock); a venv of its own, so the host's serving venv is left as it is."""
+    lab = bare_fleet
+    lock = next((lab.paths.packages / "wheels").glob("lock-vllm-ascend-0.13.0-*-x86_64-py3.11.txt"))
+    data = yaml.safe_load(lab.inventory.read_text())
+    data["all"]["children"]["npu_nodes"]["vars"].update(
+        dsctl_pip_index_url=f"{package_url}/wheels/simple/", dsctl_pip_lock=str(lock),
+        dsctl_serving_venv="/opt/dsctl/mirror-venv")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    result = dsctl("provision", str(inventory), "--limit", "lab-02", "--tags", "serving", "--json", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert venv_distributions(lab, "lab-02", "/opt/dsctl/mirror-venv") == LOCKED_V0130
+    requirements = lab.sh_ok("lab-02", "cat /opt/dsctl/mirror-venv/dsctl-requirements.txt")
+    assert requirements.count("--hash=sha256:") == len(LOCKED_V0130)
 
 
 def test_check_is_clean_and_a_second_provision_changes_nothing(bare_fleet):

@@ -27,11 +27,18 @@ from pathlib import Path
 
 import pytest
 
+from dsctl.core.fleet import wheel_lock
 from dsctl.lab import packages, wheelhouse
 
 # The v0.13.0 row of releases.yaml vllm_ascend_matrix (CANN 8.5.0), as the roles pin it.
-ROW_V0130 = {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0", "vllm-ascend": "0.13.0"}
-MODULES = ("torch", "torch_npu", "vllm", "vllm_ascend")
+ROW_V0130 = {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0", "vllm-ascend": "0.13.0",
+             "triton-ascend": "3.2.0"}
+# The versions the stand-ins carry: vllm as built from source for Ascend (a local version).
+INSTALLED_V0130 = {**ROW_V0130, "vllm": "0.13.0+empty"}
+MODULES = ("torch", "torch_npu", "vllm", "vllm_ascend", "triton")
+# The dependency stand-ins every row's closure holds (dsctl.lab.wheelhouse.DEPENDENCIES).
+DEPENDENCIES = {"filelock": "3.16.1", "typing-extensions": "4.12.2", "sympy": "1.13.3", "mpmath": "1.3.0",
+                "numpy": "1.26.4", "requests": "2.32.3", "idna": "3.10"}
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "PIP_CONFIG_FILE": os.devnull}
 # Some of what the vendored engine must hold (the whole set is computed: wheelhouse.engine_closure).
 ESSENTIAL = {
@@ -54,7 +61,8 @@ ENTRY_POINT = ["vllm/entrypoints/__init__.py", "vllm/entrypoints/cli/__init__.py
 
 
 def file_for(name: str, version: str) -> str:
-    return f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    local = "+empty" if name == "vllm" else ""
+    return f"{name.replace('-', '_')}-{version}{local}-py3-none-any.whl"
 
 
 def read_sums(directory: Path) -> dict[str, str]:
@@ -67,10 +75,15 @@ def read_sums(directory: Path) -> dict[str, str]:
 
 
 def requirements(sums: dict[str, str]) -> str:
-    """The --require-hashes requirements file the roles write for one matrix row."""
+    """Top-level pins only, hashed: what the roles wrote before locks (it cannot install a dependency tree)."""
     return "".join(
         f"{name}=={version} --hash=sha256:{sums[file_for(name, version)]}\n" for name, version in ROW_V0130.items()
     )
+
+
+def lock_of(wheels: Path, arch: str = "x86_64", python: str = "3.11") -> Path:
+    """The lab's lock of the v0.13.0 row: what provisioning installs from (dsctl.core.fleet.wheel_lock)."""
+    return wheels / wheel_lock.lock_name(ROW_V0130, arch, python)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -103,10 +116,9 @@ def venv(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def installed(wheels, venv, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """The venv with the v0.13.0 row installed as the roles install it, and pip's result."""
-    req = tmp_path_factory.mktemp("req") / "requirements.txt"
-    req.write_text(requirements(read_sums(wheels)))
     python = venv / "bin" / "python"
-    result = run(python, "-m", "pip", "install", "--no-index", "--find-links", wheels, "--require-hashes", "-r", req)
+    result = run(python, "-m", "pip", "install", "--no-index", "--find-links", wheels, "--require-hashes", "-r",
+                 lock_of(wheels))
     return venv, result
 
 
@@ -118,8 +130,10 @@ def test_wheel_names_follow_pep_427(wheels):
     for expected in (
         "torch-2.8.0-py3-none-any.whl",
         "torch_npu-2.8.0.post2-py3-none-any.whl",
-        "vllm-0.13.0-py3-none-any.whl",
+        "vllm-0.13.0+empty-py3-none-any.whl",  # a local version, as vLLM built from source names itself
         "vllm_ascend-0.13.0-py3-none-any.whl",
+        "triton_ascend-3.2.0-py3-none-any.whl",  # from the vllm-ascend 0.13 rows
+        "mpmath-1.3.0-py3-none-any.whl",  # a dependency of a dependency (torch -> sympy -> mpmath)
         "vllm_ascend-0.13.0rc1-py3-none-any.whl",  # 8.3.RC2
         "vllm_ascend-0.8.4rc2-py3-none-any.whl",  # 8.0.0
         "torch_npu-2.5.1-py3-none-any.whl",
@@ -128,7 +142,7 @@ def test_wheel_names_follow_pep_427(wheels):
     assert not any(name.startswith("vllm_ascend-0.18.0-") for name in names)  # CANN 8.5.1: not a lab release
     assert len(names) == len(set(names))
     for name in names:
-        assert re.fullmatch(r"(torch|torch_npu|vllm|vllm_ascend)-[0-9][0-9a-z.+]*-py3-none-any\.whl", name), name
+        assert re.fullmatch(r"[a-z_]+-[0-9][0-9a-z.+]*-py3-none-any\.whl", name), name
 
 
 def test_only_rows_of_the_lab_cann_releases(wheels):
@@ -143,6 +157,9 @@ def test_only_rows_of_the_lab_cann_releases(wheels):
                 file_for("vllm", row["vllm"].removeprefix("v")),
                 file_for("vllm-ascend", row["vllm_ascend"].removeprefix("v")),
             }
+            if row.get("triton_ascend"):
+                expected.add(file_for("triton-ascend", row["triton_ascend"]))
+    expected |= {file_for(name, version) for name, version in DEPENDENCIES.items()}
     assert {p.name for p in wheels.glob("*.whl")} == expected
 
 
@@ -158,7 +175,8 @@ def test_wheel_contents_are_a_valid_wheel(wheels):
     assert archive.testzip() is None
     assert archive.read(f"{info}/METADATA").decode() == (
         "Metadata-Version: 2.1\nName: torch_npu\nVersion: 2.8.0.post2\nSummary: dsctl lab stand-in for torch_npu "
-        "2.8.0.post2: imports and reports its version, nothing else\n"
+        "2.8.0.post2: imports and reports its version, nothing else\nRequires-Dist: torch==2.8.0\n"
+        "Requires-Dist: numpy\n"
     )
     wheel = archive.read(f"{info}/WHEEL").decode().splitlines()
     assert wheel[0] == "Wheel-Version: 1.0"
@@ -179,8 +197,8 @@ def test_wheel_contents_are_a_valid_wheel(wheels):
 
 
 def test_vllm_wheel_carries_the_entry_point_and_the_vendored_engine(wheels):
-    archive = zipfile.ZipFile(wheels / "vllm-0.13.0-py3-none-any.whl")
-    info = "vllm-0.13.0.dist-info"
+    archive = zipfile.ZipFile(wheels / "vllm-0.13.0+empty-py3-none-any.whl")
+    info = "vllm-0.13.0+empty.dist-info"
     names = archive.namelist()
     vendored = [n for n in names if n.startswith("dsctl/")]
     assert ESSENTIAL <= set(vendored)
@@ -190,7 +208,9 @@ def test_vllm_wheel_carries_the_entry_point_and_the_vendored_engine(wheels):
     assert archive.read(f"{info}/entry_points.txt").decode() == (
         "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
     )
-    assert "Summary: dsctl lab stand-in for vllm 0.13.0: `vllm serve` runs" in archive.read(f"{info}/METADATA").decode()
+    metadata = archive.read(f"{info}/METADATA").decode()
+    assert "Summary: dsctl lab stand-in for vllm 0.13.0+empty: `vllm serve` runs" in metadata
+    assert "Requires-Dist: numpy\nRequires-Dist: requests>=2.26.0\n" in metadata
     rows = list(csv.reader(io.StringIO(archive.read(f"{info}/RECORD").decode())))
     assert [r[0] for r in rows] == names
     for path, digest, size in rows[:-1]:
@@ -289,7 +309,7 @@ def test_sha256sums_match_the_wheels(wheels):
     lines = text.splitlines()
     assert lines == sorted(lines, key=lambda line: line.split("  ")[1])
     sums = read_sums(wheels)
-    assert sorted(sums) == sorted(p.name for p in wheels.glob("*.whl"))
+    assert sorted(sums) == sorted(p.name for p in [*wheels.glob("*.whl"), *wheels.glob("lock-*.txt")])
     for name, digest in sums.items():
         assert re.fullmatch(r"[0-9a-f]{64}", digest)
         assert hashlib.sha256((wheels / name).read_bytes()).hexdigest() == digest
@@ -325,11 +345,11 @@ def test_versions_are_pep_440_normalized_and_bad_rows_skipped():
             {"vllm_ascend": "v0.99.0", "vllm": "main branch", "cann": "8.5.1", "torch": "2.9.0", "torch_npu": "2.9.0"},
         ],
     }
-    names = [s.file_name for s in wheelhouse.stand_ins(releases)]
+    names = [s.file_name for s in wheelhouse.stand_ins(releases) if s.name not in wheelhouse.DEPENDENCIES]
     assert names == [
         "torch-2.9.0-py3-none-any.whl",
         "torch_npu-2.9.0.post1+git4c901a4-py3-none-any.whl",
-        "vllm-0.18.0-py3-none-any.whl",
+        "vllm-0.18.0+empty-py3-none-any.whl",
         "vllm_ascend-0.18.0-py3-none-any.whl",
     ]
 
@@ -345,46 +365,51 @@ def test_pip_installs_the_pinned_row_with_hashes(installed, tmp_path):
     script = f"import importlib\nfor m in {MODULES!r}:\n    print(m, importlib.import_module(m).__version__)\n"
     result = run(python, "-c", script, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["torch 2.8.0", "torch_npu 2.8.0.post2", "vllm 0.13.0", "vllm_ascend 0.13.0"]
+    assert result.stdout.splitlines() == ["torch 2.8.0", "torch_npu 2.8.0.post2", "vllm 0.13.0+empty",
+                                          "vllm_ascend 0.13.0", "triton 3.2.0"]
 
     result = run(python, "-m", "pip", "list", "--format", "json")
     assert result.returncode == 0, result.stderr
     listed = {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in json.loads(result.stdout)}
-    assert {name: listed.get(name) for name in ROW_V0130} == ROW_V0130
+    assert {name: listed.get(name) for name in ROW_V0130} == INSTALLED_V0130
+    # The dependency tree came with it, every wheel hash-checked against the lock.
+    assert {name: listed.get(name) for name in DEPENDENCIES} == DEPENDENCIES
+    assert set(listed) - {"pip", "setuptools"} == set(ROW_V0130) | set(DEPENDENCIES)
 
     check = run(python, "-m", "pip", "check")
     assert check.returncode == 0, check.stdout
 
 
-def test_pip_refuses_a_tampered_wheel(wheels, venv, tmp_path):
-    sums = read_sums(wheels)  # the manifest as written, before the tampering
+@pytest.mark.parametrize(("name", "version", "module"), [("torch-npu", "2.8.0.post2", "torch_npu"),
+                                                        ("mpmath", "1.3.0", "mpmath")])  # a dependency's dependency
+def test_pip_refuses_a_tampered_wheel(wheels, venv, tmp_path, name, version, module):
+    lock = lock_of(wheels).read_text()  # the lock as written, before the tampering
     tampered = tmp_path / "wheels"
     shutil.copytree(wheels, tampered)
-    target = tampered / file_for("torch-npu", "2.8.0.post2")
+    target = tampered / file_for(name, version)
     data = bytearray(target.read_bytes())
-    data[data.index(b"2.8.0.post2", data.index(b"__version__"))] ^= 0x01  # "2" -> "3" in __version__
+    data[data.index(version.encode(), data.index(b"__version__"))] ^= 0x01  # "2" -> "3" in __version__
     target.write_bytes(bytes(data))
-    req = tmp_path / "requirements.txt"
-    req.write_text(requirements(sums))
+    req = tmp_path / "lock.txt"
+    req.write_text(lock)
     site = tmp_path / "target"
-    result = run(
-        venv / "bin" / "python",
-        "-m",
-        "pip",
-        "install",
-        "--no-index",
-        "--find-links",
-        tampered,
-        "--require-hashes",
-        "--target",
-        site,
-        "-r",
-        req,
-    )
+    result = run(venv / "bin" / "python", "-m", "pip", "install", "--no-index", "--find-links", tampered,
+                 "--require-hashes", "--target", site, "-r", req)
     assert result.returncode != 0
     assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in result.stderr
-    assert "torch-npu" in result.stderr.lower().replace("_", "-")
-    assert not (site / "torch_npu").exists() and not (site / "torch").exists()
+    assert name in result.stderr.lower().replace("_", "-")
+    assert not (site / module).exists() and not (site / "torch").exists()
+
+
+def test_hashes_of_the_pins_alone_cannot_install_the_dependency_tree(wheels, venv, tmp_path):
+    """What the roles did before locks: --require-hashes then demands a hashed line for every dependency."""
+    req = tmp_path / "requirements.txt"
+    req.write_text(requirements(read_sums(wheels)))
+    result = run(venv / "bin" / "python", "-m", "pip", "install", "--no-index", "--find-links", wheels,
+                 "--require-hashes", "--target", tmp_path / "target", "-r", req)
+    assert result.returncode != 0
+    assert "In --require-hashes mode, all requirements must have their versions pinned with ==" in result.stderr
+    assert "filelock" in result.stderr  # a dependency of torch, which the pins do not name
 
 
 # =========================================================================== serving from the venv
@@ -457,7 +482,7 @@ def test_vllm_serve_and_the_engine_module_serve_from_the_venv_alone(installed, t
     location, third_party = probe.stdout.splitlines()
     assert Path(location).is_relative_to(venv) and third_party == "[]"
     version = run(vllm, "--version", cwd=tmp_path)
-    assert (version.returncode, version.stdout) == (0, "0.13.0\n")
+    assert (version.returncode, version.stdout) == (0, "0.13.0+empty\n")
     refused = run(vllm, "bench", "serve", cwd=tmp_path)
     assert refused.returncode == 2 and "not a command of the lab stand-in" in refused.stderr
     refused = run(vllm, "serve", MODEL_PATH, "--stream-num", "4", "--port", str(free_port()), cwd=tmp_path)

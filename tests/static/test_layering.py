@@ -7,7 +7,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "cli" / "dsctl"
-VERBS = {"provision", "check", "deploy", "probe", "estimate", "matrix", "lab", "engine", "tune", "upgrade"}
+VERBS = {"provision", "check", "deploy", "probe", "estimate", "matrix", "lab", "engine", "tune", "upgrade",
+         "wheelhouse"}
 # What a verb (dsctl.services) must not use: they return results, commands render them.
 RENDERING = ("typer", "rich", "click", "dsctl.ui", "dsctl.ui_progress", "dsctl.cli_options", "dsctl.app",
              "dsctl.commands")

@@ -36,6 +36,8 @@ def desired(hdk_version: str = "25.5.0", cann_version: str = "8.5.0", vllm_ascen
     if row:
         pins = {"torch": row["torch"], "torch-npu": row["torch_npu"], "vllm": row["vllm"].lstrip("v"),
                 "vllm-ascend": row["vllm_ascend"].lstrip("v")}
+        if row.get("triton_ascend"):
+            pins["triton-ascend"] = row["triton_ascend"]
     return DesiredStack(
         driver=hdk(hdk_version)["driver"]["version"],
         firmware=hdk(hdk_version)["firmware"]["version"],
@@ -236,7 +238,8 @@ def test_env_not_checked_without_expectations():
 
 
 def test_serving_pin_drift_compares_normalised_names():
-    packages = {"Torch": "2.8.0", "torch_npu": "2.8.0.post1", "vllm": "0.13.0"}
+    # vllm built from source reports 0.13.0+empty: PEP 440 says it meets the pin 0.13.0 (no drift).
+    packages = {"Torch": "2.8.0", "torch_npu": "2.8.0.post1", "vllm": "0.13.0+empty", "Triton-Ascend": "3.2.0"}
     report = audit(host_raw(packages=packages), desired())
     drift = [f for f in report.findings if f.code == "serving-pin-drift"]
     assert len(drift) == 2 and all(f.component == "serving" and f.severity == "error" for f in drift)

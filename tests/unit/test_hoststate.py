@@ -40,7 +40,8 @@ ENV_EXPECTED = {
     "HCCL_OP_EXPANSION_MODE": "AIV",
     "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
 }
-SERVING_PINS = {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0", "vllm-ascend": "0.13.0"}
+SERVING_PINS = {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0", "vllm-ascend": "0.13.0",
+                "triton-ascend": "3.2.0"}
 
 
 # --------------------------------------------------------------------------- builders (shared)

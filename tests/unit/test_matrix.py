@@ -37,7 +37,8 @@ def test_the_default_stack_is_the_vllm_ascend_v0_13_0_set(releases):
     assert stack.kernels_package == "910b-ops"
     serving = (stack.torch, stack.torch_npu, stack.vllm, stack.python)
     assert serving == ("2.8.0", "2.8.0.post2", "v0.13.0", ">=3.10,<3.12")
-    assert stack.pip_pins == {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0", "vllm-ascend": "0.13.0"}
+    assert stack.pip_pins == {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0", "vllm-ascend": "0.13.0",
+                              "triton-ascend": "3.2.0"}
     assert stack.warnings == ()
     # The HDK release and its pairing are observed; nothing weaker is used.
     assert stack.confidence == "observed"
@@ -71,7 +72,8 @@ def test_pins_are_the_normalized_pep_440_versions_the_wheelhouse_names_its_files
     row.update({"vllm_ascend": "V0.13.0", "torch_npu": "2.8.0-Post2", "vllm": "v0.13.0.0"})
     stack = resolve_stack(edited, vllm_ascend="v0.13.0")  # found whatever the case of the tag
     assert stack.vllm_ascend == "V0.13.0"
-    assert stack.pip_pins == {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0.0", "vllm-ascend": "0.13.0"}
+    assert stack.pip_pins == {"torch": "2.8.0", "torch-npu": "2.8.0.post2", "vllm": "0.13.0.0", "vllm-ascend": "0.13.0",
+                              "triton-ascend": "3.2.0"}
     assert all(wheelhouse.normalize_version(version) == version for version in stack.pip_pins.values())
 
 

@@ -12,9 +12,11 @@ Backend of ``dsctl lab packages --out DIR``.  Every release in
     Ascend-cann-nnal_<ver>_linux-<arch>.run
 
 plus ``SHA256SUMS`` (the .run files only), and the wheelhouse ``wheels/``: small
-stand-in wheels of torch, torch_npu, vllm and vllm-ascend at the versions of
-the ``vllm_ascend_matrix`` rows of those CANN releases, with their own
-``wheels/SHA256SUMS`` for ``pip install --require-hashes`` (dsctl.lab.wheelhouse).
+stand-in wheels of torch, torch_npu, vllm, vllm-ascend and triton-ascend at the
+versions of the ``vllm_ascend_matrix`` rows of those CANN releases, with the
+dependencies they declare, one hash lock per row for ``arch``, a PEP 503
+``wheels/simple/`` index and their own ``wheels/SHA256SUMS`` for ``pip install
+--require-hashes`` (dsctl.lab.wheelhouse).
 Each .run is makeself-shaped: a bash header, then a
 tar.gz payload whose SHA256 the header embeds.  The header implements the
 makeself flags the vendor packages honour (``--check``, ``--quiet``,
@@ -281,7 +283,7 @@ def build_packages(out_dir: Path, arch: str = platform.machine(), releases: dict
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(written, key=lambda p: p.name)
     )
     (out_dir / "SHA256SUMS").write_text(sums)
-    return written + build_wheelhouse(out_dir / "wheels", releases)
+    return written + build_wheelhouse(out_dir / "wheels", releases, arch)
 
 
 def build_run(spec: PackageSpec) -> bytes:

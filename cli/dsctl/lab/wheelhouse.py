@@ -10,20 +10,28 @@ with the same distribution names and versions.  ``build_packages`` (and so
 ``dsctl lab packages --out DIR`` and ``dsctl lab up``) writes them to
 ``<packages>/wheels``: for every matrix row whose CANN is one of the releases'
 ``cann:`` versions, one wheel per distribution and version (duplicates
-across rows are built once)::
+across rows are built once), plus the dependencies they declare::
 
-    torch-<ver>-py3-none-any.whl          -> module torch
-    torch_npu-<ver>-py3-none-any.whl      -> module torch_npu
-    vllm-<ver>-py3-none-any.whl           -> module vllm
-    vllm_ascend-<ver>-py3-none-any.whl    -> module vllm_ascend
-    SHA256SUMS                            "<sha256 hex>  <file name>" lines, sorted by name
+    torch-<ver>-py3-none-any.whl                -> module torch
+    torch_npu-<ver>-py3-none-any.whl            -> module torch_npu
+    vllm-<ver>+empty-py3-none-any.whl           -> module vllm (a local version, as vLLM built from
+                                                   source with VLLM_TARGET_DEVICE=empty names itself)
+    vllm_ascend-<ver>-py3-none-any.whl          -> module vllm_ascend
+    triton_ascend-<ver>-py3-none-any.whl        -> module triton (rows from vllm-ascend 0.13)
+    filelock, typing_extensions, sympy, mpmath, numpy, requests, idna   (the dependencies, one version each)
+    lock-vllm-ascend-<ver>-<digest>-<arch>-py<X.Y>.txt   one hash lock per row, lab arch and Python
+    simple/index.html, simple/<name>/index.html          a PEP 503 index over the same files
+    SHA256SUMS                                  "<sha256 hex>  <file name>" lines (wheels and locks)
 
-Each wheel is a PEP 427 ``py3-none-any`` wheel made with zipfile: the module's
-``__init__.py`` (a docstring saying it is a lab stand-in, and ``__version__``),
-then ``<name>-<ver>.dist-info/`` with METADATA (2.1), WHEEL and RECORD.  The
-stand-ins declare no ``Requires-Dist``: the real ones pull dozens of PyPI
-packages that the offline wheelhouse does not carry, and ``--require-hashes``
-would need a pinned, hashed line for every one of them.
+The stand-ins declare ``Requires-Dist`` as the real ones do, in miniature
+(``DEPENDENCIES``): vllm_ascend needs vllm, torch_npu (and triton-ascend where
+its row names one), torch_npu needs torch and numpy, torch needs filelock,
+typing-extensions and sympy, sympy needs mpmath, vllm needs numpy and
+requests, requests needs idna: a tree four levels deep, so ``pip
+--require-hashes`` needs a hashed line for every one of them, which the locks
+give (dsctl.core.fleet.wheel_lock; `dsctl wheelhouse build` writes the same
+locks with pip's resolver).  The dependency stand-ins are empty modules: none
+of them is a module the vendored engine imports (it is standard library only).
 
 The ``vllm`` stand-ins (every version, the same files) also serve: they carry
 
@@ -63,15 +71,48 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+from dsctl.core.fleet import wheel_lock
+from dsctl.core.fleet.matrix import row_pins
 
 FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 GENERATOR = "dsctl.lab.wheelhouse"
 WHEEL_TAG = "py3-none-any"
 SUMS_FILE = "SHA256SUMS"
-# Distribution (as the real wheels spell it) -> releases.yaml vllm_ascend_matrix key; the import name is the same.
-DISTRIBUTIONS = {"torch": "torch", "torch_npu": "torch_npu", "vllm": "vllm", "vllm_ascend": "vllm_ascend"}
+# Distribution (as the real wheels spell it) -> releases.yaml vllm_ascend_matrix key.
+DISTRIBUTIONS = {"torch": "torch", "torch_npu": "torch_npu", "vllm": "vllm", "vllm_ascend": "vllm_ascend",
+                 "triton_ascend": "triton_ascend"}
+# The import name where it is not the distribution's (Triton-Ascend installs the module triton).
+MODULES = {"triton_ascend": "triton"}
+# vLLM for Ascend is built from source with VLLM_TARGET_DEVICE=empty and reports "0.13.0+empty" (vllm-ascend's
+# installation.md); the stand-ins carry that local version, so the pins' PEP 440 matching is exercised.
+LOCAL_LABELS = {"vllm": "empty"}
+# The dependency stand-ins: distribution -> (version, Requires-Dist).  Real names and plausible versions; one
+# version each, so every row's closure is the same below its own five distributions.
+DEPENDENCIES = {
+    "filelock": ("3.16.1", ()),
+    "typing_extensions": ("4.12.2", ()),
+    "sympy": ("1.13.3", ("mpmath<1.4,>=1.1.0",)),
+    "mpmath": ("1.3.0", ()),
+    "numpy": ("1.26.4", ()),
+    "requests": ("2.32.3", ("idna<4,>=2.5",)),
+    "idna": ("3.10", ()),
+}
+# What each stack distribution requires besides the row's own pins (added in _row_requires).
+STACK_REQUIRES = {
+    "torch": ("filelock", "typing-extensions>=4.10.0", "sympy>=1.13.1"),
+    "torch_npu": ("numpy",),
+    "vllm": ("numpy", "requests>=2.26.0"),
+    "vllm_ascend": (),
+    "triton_ascend": (),
+}
+# The Pythons the lab writes locks for (each row's own python specifier narrows them): the stand-ins are
+# py3-none-any, so one lock text serves each; the lab hosts run the machine's /usr/bin/python3.
+LOCK_PYTHONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
+SIMPLE_DIR = "simple"
 SUMMARY = "dsctl lab stand-in for {name} {version}: imports and reports its version, nothing else"
 VLLM_SUMMARY = "dsctl lab stand-in for vllm {version}: `vllm serve` runs dsctl's emulated engine (no weights, no NPU)"
 # The serving stand-in: the distribution that carries the entry point and the vendored engine.
@@ -85,10 +126,11 @@ DSCTL_DIR = Path(__file__).resolve().parents[1]
 class StandIn:
     name: str  # distribution name, e.g. "torch_npu"
     version: str  # normalized PEP 440 version, e.g. "2.8.0.post2"
+    requires: tuple[str, ...] = ()  # Requires-Dist lines, e.g. ("torch==2.8.0", "numpy")
 
     @property
     def module(self) -> str:
-        return self.name
+        return MODULES.get(self.name, self.name)
 
     @property
     def file_name(self) -> str:
@@ -112,24 +154,105 @@ def wheel_name(distribution: str) -> str:
     return canonicalize_name(distribution).replace("-", "_")
 
 
-def stand_ins(releases: dict) -> list[StandIn]:
-    """The stand-ins the wheelhouse carries: every matrix row of a CANN release the lab has, deduplicated, sorted."""
+def _lab_rows(releases: dict) -> list[dict]:
+    """The matrix rows of a CANN release the lab has whose every version is PEP 440 (pip could pin it).
+
+    A row with a version that is not PEP 440 is skipped whole: a partial row is no installable stack.  None
+    of the rows of the lab's CANN releases is like that today."""
     canns = {str(cann["version"]) for cann in releases.get("cann", [])}
-    wanted = set()
+    rows = []
     for row in releases.get("vllm_ascend_matrix", []):
         if str(row.get("cann")) not in canns:
             continue
-        versions = {name: normalize_version(row.get(key) or "") for name, key in DISTRIBUTIONS.items()}
-        # A row with a version that is not PEP 440 (pip could not pin it) is skipped whole: a partial row is
-        # no installable stack.  None of the rows of the lab's CANN releases is like that today.
-        if None in versions.values():
+        keys = [key for key in DISTRIBUTIONS.values() if key != "triton_ascend" or row.get(key)]
+        if any(normalize_version(row.get(key) or "") is None for key in keys):
             continue
-        wanted.update(StandIn(name, version) for name, version in versions.items())
-    return sorted(wanted, key=lambda s: (s.name, s.version))
+        rows.append(row)
+    return rows
 
 
-def build_wheelhouse(out_dir: Path, releases: dict) -> list[Path]:
-    """Write every stand-in wheel plus SHA256SUMS into ``out_dir``; return the wheel paths."""
+def _row_stand_ins(row: dict) -> list[StandIn]:
+    """The stack stand-ins of one row, each declaring the row's own pins it depends on."""
+    pins = row_pins(row)
+    versions = {name: pins[canonicalize_name(name)] for name in DISTRIBUTIONS if canonicalize_name(name) in pins}
+    needs = {
+        "torch_npu": (f"torch=={versions['torch']}",),
+        "vllm_ascend": tuple(f"{canonicalize_name(name)}=={versions[name]}"
+                             for name in ("vllm", "torch_npu", "triton_ascend") if name in versions),
+    }
+    built = []
+    for name, version in versions.items():
+        local = LOCAL_LABELS.get(name)
+        built.append(StandIn(name, f"{version}+{local}" if local else version,
+                             tuple(needs.get(name, ())) + STACK_REQUIRES[name]))
+    return built
+
+
+def dependency_stand_ins() -> list[StandIn]:
+    return [StandIn(name, version, requires) for name, (version, requires) in sorted(DEPENDENCIES.items())]
+
+
+def stand_ins(releases: dict) -> list[StandIn]:
+    """Every stand-in the wheelhouse carries: each lab row's stack (deduplicated, the first row's wins), sorted,
+    with the dependency stand-ins when there is any row."""
+    wanted: dict[tuple[str, str], StandIn] = {}
+    for row in _lab_rows(releases):
+        for stand_in in _row_stand_ins(row):
+            wanted.setdefault((stand_in.name, stand_in.version), stand_in)
+    if wanted:
+        for stand_in in dependency_stand_ins():
+            wanted.setdefault((stand_in.name, stand_in.version), stand_in)
+    return sorted(wanted.values(), key=lambda s: (s.name, s.version))
+
+
+def row_closure(row: dict) -> list[StandIn]:
+    """The stand-ins pip installs for one row: its stack and every dependency reachable from it."""
+    available = {canonicalize_name(s.name): s for s in _row_stand_ins(row) + dependency_stand_ins()}
+    pending = [canonicalize_name(s.name) for s in _row_stand_ins(row)]
+    seen: dict[str, StandIn] = {}
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen[name] = available[name]
+        pending += [canonicalize_name(re.split(r"[<>=!~;\[ ]", need, maxsplit=1)[0]) for need in seen[name].requires]
+    return sorted(seen.values(), key=lambda s: s.name)
+
+
+def lock_files(releases: dict, sums: dict[str, str], arch: str) -> dict[str, str]:
+    """File name -> text of every lab lock: one per row and Python its specifier allows, for ``arch``."""
+    locks = {}
+    for row in _lab_rows(releases):
+        pins = row_pins(row)
+        entries = wheel_lock.lock_entries({s.file_name: sums[s.file_name] for s in row_closure(row)})
+        allowed = SpecifierSet(str(row.get("python") or ""))
+        for python in LOCK_PYTHONS:
+            if allowed.contains(f"{python}.0"):
+                header = [f"dsctl lab: vllm-ascend {pins['vllm-ascend']} on {arch}, Python {python}",
+                          "every distribution of the closure with its sha256 (pip install --require-hashes -r)"]
+                locks[wheel_lock.lock_name(pins, arch, python)] = wheel_lock.render_lock(entries, header)
+    return dict(sorted(locks.items()))
+
+
+def simple_index(sums: dict[str, str]) -> dict[str, str]:
+    """Path (under the wheelhouse) -> HTML of a PEP 503 simple index of the wheels, each link with its sha256."""
+    by_project: dict[str, list[str]] = {}
+    for file in sorted(sums):
+        parsed = wheel_lock.wheel_of(file)
+        if parsed is not None:
+            by_project.setdefault(parsed[0], []).append(file)
+    pages = {}
+    root = "".join(f'<a href="{name}/">{name}</a>\n' for name in sorted(by_project))
+    pages[f"{SIMPLE_DIR}/index.html"] = f"<!DOCTYPE html>\n<html><body>\n{root}</body></html>\n"
+    for name, files in sorted(by_project.items()):
+        links = "".join(f'<a href="../../{file}#sha256={sums[file]}">{file}</a>\n' for file in files)
+        pages[f"{SIMPLE_DIR}/{name}/index.html"] = f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n"
+    return pages
+
+
+def build_wheelhouse(out_dir: Path, releases: dict, arch: str = "x86_64") -> list[Path]:
+    """Write every stand-in wheel, the locks for ``arch``, the simple index and SHA256SUMS into ``out_dir``;
+    return the wheel paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -137,10 +260,16 @@ def build_wheelhouse(out_dir: Path, releases: dict) -> list[Path]:
         path = out_dir / stand_in.file_name
         _write_atomically(path, build_wheel(stand_in))
         written.append(path)
-    sums = "".join(
-        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(written, key=lambda p: p.name)
-    )
-    _write_atomically(out_dir / SUMS_FILE, sums.encode())
+    sums = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in written}
+    locks = lock_files(releases, sums, arch)
+    for name, text in locks.items():
+        _write_atomically(out_dir / name, text.encode())
+        sums[name] = hashlib.sha256(text.encode()).hexdigest()
+    for relative, html in simple_index(sums).items():
+        (out_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(out_dir / relative, html.encode())
+    manifest = "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items()))
+    _write_atomically(out_dir / SUMS_FILE, manifest.encode())
     return written
 
 
@@ -161,7 +290,8 @@ def build_wheel(stand_in: StandIn) -> bytes:
         f'__version__ = "{version}"\n'
     )
     summary = (VLLM_SUMMARY if serving else SUMMARY).format(name=name, version=version)
-    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
+    requires = "".join(f"Requires-Dist: {need}\n" for need in stand_in.requires)
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n{requires}"
     wheel = f"Wheel-Version: 1.0\nGenerator: {GENERATOR}\nRoot-Is-Purelib: true\nTag: {WHEEL_TAG}\n"
     files = {f"{stand_in.module}/__init__.py": init.encode()}
     info = {f"{stand_in.dist_info}/METADATA": metadata.encode(), f"{stand_in.dist_info}/WHEEL": wheel.encode()}

@@ -20,7 +20,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.version import InvalidVersion, Version
 
-from dsctl.core.fleet import install_steps
+from dsctl.core.fleet import install_steps, wheel_lock
 from dsctl.core.fleet.compat import Finding, describe_npus, file_compatibility
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.core.fleet.versions import same_version
@@ -473,7 +473,7 @@ def _serving_findings(serving: ServingState, desired: DesiredStack | None) -> li
         have = serving.packages.get(name)
         if have is None:
             sentence = f"{name} is not installed in the serving venv, {wanted} wanted."
-        elif _bare_version(have) != wanted:
+        elif not wheel_lock.pin_matches(wanted, have):  # PEP 440: 0.13.0+empty meets the pin 0.13.0
             sentence = f"{name} {have} is installed in the serving venv, {wanted} wanted."
         else:
             continue

@@ -124,6 +124,8 @@ class HostSettings(BaseModel):
     # Defaults to <dsctl_package_source>/wheels (see _default_wheelhouse).
     dsctl_wheelhouse: Annotated[PathOrUrl | None, Field(description=_PATH_OR_URL)] = None
     dsctl_pip_index_url: Annotated[HttpUrl | None, Field(description="an http(s):// URL")] = None
+    # A hash lock on the controller (dsctl wheelhouse build); default: the wheelhouse's lock for the host.
+    dsctl_pip_lock: Annotated[SafePath | None, Field(description=SAFE_PATH_WORDS)] = None
     dsctl_staging_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/var/cache/dsctl/packages"
     dsctl_env_file: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/etc/profile.d/dsctl-ascend.sh"
     # Inference services (dsctl deploy); each entry is checked by dsctl.core.serving.service in validate_fleet.

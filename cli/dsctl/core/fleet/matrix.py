@@ -404,19 +404,42 @@ def _run_names(hdk: Mapping, firmware_hdk: Mapping, cann: Mapping) -> dict[str, 
     }
 
 
+def row_pins(row: Mapping) -> dict[str, str]:
+    """The pip pins of one vllm_ascend_matrix row: PEP 503 names, normalized PEP 440 versions.
+
+    The one place a row becomes pins: the roles pin them, the lab builds its stand-ins and locks for them and
+    `dsctl wheelhouse build` resolves them."""
+    pins = {"torch": row["torch"], "torch-npu": row["torch_npu"], "vllm": row["vllm"],
+            "vllm-ascend": row["vllm_ascend"]}
+    if row.get("triton_ascend"):
+        # From vllm-ascend 0.13 the row names a Triton-Ascend release: installed with the stack, as
+        # Ascend/triton-ascend docs/en/installation_guide.md (pip install triton-ascend, 3.2.0 <-> CANN 8.5.0)
+        # and vllm-ascend's versioning_policy.md row say; releases.yaml carries the version per row.
+        pins["triton-ascend"] = row["triton_ascend"]
+    # pip wants "0.13.0", the matrix writes the git tag "v0.13.0".
+    return {name: _pip_version(version) for name, version in pins.items()}
+
+
+def release_pins(releases: Mapping, tag: str) -> tuple[dict[str, str], str | None]:
+    """The pins and Python specifier of the matrix row of vllm-ascend ``tag`` (`dsctl wheelhouse build
+    --release`); StackError (exit 2) naming the installable tags when the data has no such row."""
+    row = _serving_row(releases, tag)
+    if row is None:
+        raise StackError(f"--release: vllm-ascend {tag} is not in the matrix; pick one of "
+                         f"{_listing(_installable_tags(releases)[:8])}, ...", ExitStatus.USAGE)
+    return row_pins(row), row.get("python")
+
+
 def _serving_fields(row: Mapping | None) -> dict[str, Any]:
     if row is None:
         return {"vllm_ascend": None, "vllm": None, "torch": None, "torch_npu": None, "python": None, "pip_pins": {}}
-    pins = {"torch": row["torch"], "torch-npu": row["torch_npu"], "vllm": row["vllm"],
-            "vllm-ascend": row["vllm_ascend"]}
     return {
         "vllm_ascend": row["vllm_ascend"],
         "vllm": row["vllm"],
         "torch": row["torch"],
         "torch_npu": row["torch_npu"],
         "python": row.get("python"),
-        # PEP 503 names; pip wants "0.13.0", the matrix writes the git tag "v0.13.0".
-        "pip_pins": {name: _pip_version(version) for name, version in pins.items()},
+        "pip_pins": row_pins(row),
     }
 
 
