@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -63,3 +63,28 @@ def print_run_tail(errors: Sequence[str], *, rerun: Sequence[str], command: str,
         console.print(f"re-run these hosts once fixed: dsctl {command} {inventory} --limit {','.join(rerun)}",
                       markup=False, soft_wrap=True)
     console.print(f"run log: {log}", markup=False, style="dim", soft_wrap=True)
+
+
+def print_env_sources(hosts: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], *,
+                      states: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    """The NPU env of each host (ascend_env.annotated_env entries), hosts with the same env and states together:
+    every value with its origin, source and confidence (and ``states[host][name]``, e.g. "verified"), then each
+    warning once."""
+    groups: dict[str, tuple[list[str], Sequence[Mapping[str, Any]], Mapping[str, str]]] = {}
+    for host, entries in hosts:
+        host_states = (states or {}).get(host, {})
+        key = json.dumps([list(entries), host_states], sort_keys=True, default=str)
+        groups.setdefault(key, ([], entries, host_states))[0].append(host)
+    out = stdout_console()
+    warnings: list[str] = []
+    for names, entries, host_states in groups.values():
+        out.print(f"NPU env of {', '.join(names)}:", markup=False, soft_wrap=True)
+        width = max((len(f"{e['name']}={e['value']}") for e in entries), default=0)
+        for entry in entries:
+            state = host_states.get(entry["name"])
+            detail = "; ".join(part for part in (entry["origin"], entry["source"], entry["confidence"], state) if part)
+            out.print(f"  {entry['name'] + '=' + entry['value']:<{width}}  {detail}", markup=False, soft_wrap=True)
+            if entry.get("warning") and entry["warning"] not in warnings:
+                warnings.append(entry["warning"])
+    for line in warnings:
+        out.print(f"warning: {line}", markup=False, soft_wrap=True)

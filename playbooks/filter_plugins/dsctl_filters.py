@@ -204,19 +204,26 @@ def verified_text(text, digest, name) -> str:
     return str(text)
 
 
-def render_env(overrides, toolkit_set_env: str, nnal_set_env: str) -> str:
+def _profile(profile) -> str | None:
+    # A role default templated from a null setting may arrive as "" (or "None" without Jinja native types).
+    profile = _plain(profile)
+    return None if profile in (None, "", "None") else str(profile)
+
+
+def render_env(overrides, toolkit_set_env: str, nnal_set_env: str, profile=None) -> str:
+    """The env file: the defaults, then ``profile``'s values (dsctl_ascend_env_profile), then the overrides."""
     _require_core()
     try:
-        env = ascend_env.resolve_env(_plain(overrides or {}))
+        env = ascend_env.resolve_env(_plain(overrides or {}), profile=_profile(profile))
     except DsctlError as problem:
         raise AnsibleFilterError(str(problem)) from None
     return ascend_env.render_env_file(env, toolkit_set_env=toolkit_set_env, nnal_set_env=nnal_set_env)
 
 
-def expected_env(overrides) -> dict:
+def expected_env(overrides, profile=None) -> dict:
     _require_core()
     try:
-        return ascend_env.resolve_env(_plain(overrides or {}))
+        return ascend_env.resolve_env(_plain(overrides or {}), profile=_profile(profile))
     except DsctlError as problem:
         raise AnsibleFilterError(str(problem)) from None
 

@@ -158,9 +158,12 @@ COMPLETION_TIMEOUT_S = 30.0  # the first generation after start-up may warm kern
 PROCESS_CHECK_TIMEOUT_S = 15.0
 TAIL_BYTES = 1 << 20
 MINDIE_MARKER = "Daemon start success!"
-# serving-and-tuning.md section 11, "Failure signatures"; first match in this order names the class
+# serving-and-tuning.md section 11, "Failure signatures"; first match in this order names the class. The CANN
+# runtime's allocation failure (aclrtMalloc failed, ACL_ERROR_RT_MEMORY_ALLOCATION_FAILED, code 207001) is out of
+# memory too: the words field-practice.md ("Memory env") says a health gate must recognise.
 FAILURE_SIGNATURES = (
-    ("oom", re.compile(r"out of memory|No available memory for the cache blocks|OutOfMemory", re.I)),
+    ("oom", re.compile(r"out of memory|No available memory for the cache blocks|OutOfMemory|aclrtMalloc failed|"
+                       r"ACL_ERROR_RT_MEMORY_ALLOCATION", re.I)),
     ("graph_capture", re.compile(r"error code is 207008")),
     ("device_busy", re.compile(r"ret is -8020")),
     ("missing_library", re.compile(r"cannot open shared object file")),

@@ -4,6 +4,8 @@ schema and planner, ansible-playbook replaced by a stand-in that replays dsctl_e
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -112,6 +114,76 @@ def test_provision_verb_called_directly_returns_a_frozen_result(fake_ansible):
     extra = json.loads(Path(argv[argv.index("-e") + 1].removeprefix("@")).read_text())
     assert list(extra) == ["dsctl_plan"] and extra["dsctl_plan"]["fleet"] == list(HOSTS)
     assert extra["dsctl_plan"]["hosts"]["atlas-a01"]["stack"]["cann"] == one.stack["cann"]
+
+
+def _report_events(host_reports: dict[str, dict]) -> list[dict]:
+    events = [{"event": "play_start", "play": "Provision NPU servers"}]
+    for host, report in host_reports.items():
+        events.append(ev("runner_ok", host, "Read the host", role="ascend_validate",
+                         facts={"ascend_validate_report": report}))
+    return [*events, stats(**{h: {"ok": 1} for h in host_reports})]
+
+
+REPORT = {"status": "ok", "findings": [], "npus": {},
+          "versions": {"driver": {"installed": "25.5.0"}, "firmware": {"installed": "7.8.0.5.216"},
+                       "cann": {"active": "8.5.0", "installed": ["8.5.0"]}, "torch_npu": "2.8.0.post2",
+                       "vllm_ascend": "0.13.0"}}
+
+
+def test_provision_shows_each_env_value_with_its_source_and_confidence(fake_ansible, capsys):
+    # the sample inventory applies the long-context profile (the field guide's memory env)
+    fake_ansible(0, _report_events({h: REPORT for h in HOSTS}))
+    code = main(["provision", str(SAMPLE)])
+    out = re.sub(r" {2,}", " ", capsys.readouterr().out)  # the values are padded to one column
+    assert code == 0, out
+    assert "NPU env of atlas-a01, atlas-a02:" in out
+    assert "ASCEND_CACHE_SIZE=6000000000 profile long-context; field guide; field practice, effect unknown" in out
+    assert "GE_USE_STATIC_MEMORY=1 profile long-context; field guide; documented" in out
+    assert "ASCEND_MAX_OP_CACHE_SIZE=1024 inventory; CANN reference; documented" in out  # the override wins
+    warning = next(line for line in out.splitlines() if line.startswith("warning: ASCEND_CACHE_SIZE"))
+    assert "PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in warning
+
+
+def test_check_marks_each_env_value_verified_or_drifted(fake_ansible, capsys):
+    drift = {**REPORT, "status": "error", "findings": [
+        {"severity": "error", "component": "env",
+         "sentence": "GE_USE_STATIC_MEMORY is '0' in the env file, '1' wanted.",
+         "fix": "Run dsctl provision to rewrite the env file.", "code": "env-changed"}]}
+    fake_ansible(0, _report_events({"atlas-a01": REPORT, "atlas-a02": drift}))
+    code = main(["check", str(SAMPLE), "--json"])
+    hosts = {row["host"]: row for row in json.loads(capsys.readouterr().out)["data"]["hosts"]}
+    assert code == 3
+    states = {host: {e["name"]: e["state"] for e in row["env"]} for host, row in hosts.items()}
+    assert set(states["atlas-a01"].values()) == {"verified"}
+    assert (states["atlas-a02"]["GE_USE_STATIC_MEMORY"], states["atlas-a02"]["ASCEND_CACHE_SIZE"]) == (
+        "drift", "verified")
+    entry = next(e for e in hosts["atlas-a01"]["env"] if e["name"] == "ASCEND_CACHE_SIZE")
+    assert (entry["value"], entry["source"], entry["confidence"]) == (
+        "6000000000", "field guide", "field practice, effect unknown")
+
+    fake_ansible(0, _report_events({"atlas-a01": REPORT, "atlas-a02": drift}))
+    main(["check", str(SAMPLE)])
+    out = re.sub(r" {2,}", " ", capsys.readouterr().out)
+    assert "NPU env of atlas-a01:" in out and "NPU env of atlas-a02:" in out
+    assert "GE_USE_STATIC_MEMORY=1 profile long-context; field guide; documented; drift" in out
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ("dsctl_ascend_env: {ASCEND_CACHE_SIZE: 6000000000000000}",
+     "dsctl: error: inventory: 2 hosts (atlas-a01, atlas-a02): dsctl_ascend_env.ASCEND_CACHE_SIZE: expected an "
+     "integer number of bytes from 1 to 1099511627776, got 6000000000000000; write a value in range, e.g. 6000000000"),
+    ("dsctl_ascend_env_profile: long-contxt",
+     "dsctl: error: inventory: 2 hosts (atlas-a01, atlas-a02): dsctl_ascend_env_profile: no profile 'long-contxt'; "
+     "did you mean long-context?"),
+])
+def test_a_bad_env_value_stops_provision_before_any_host(fake_ansible, capsys, tmp_path, env, line):
+    fake_ansible(0, [])
+    inventory = tmp_path / "inventory"
+    shutil.copytree(SAMPLE.parent, inventory)
+    (inventory / "group_vars" / "npu_nodes" / "env.yml").write_text(env + "\n")
+    code = main(["provision", str(inventory / "hosts.yml")])
+    assert (code, capsys.readouterr().err) == (2, line + "\n")
+    assert not (tmp_path / "argv.json").exists()  # ansible-playbook never started
 
 
 def test_an_interrupted_deploy_names_the_instance_mid_rollout(fake_ansible):

@@ -275,6 +275,15 @@ def test_a_log_rotated_since_the_restart_is_read_whole(tmp_path):
     assert result["failure_class"] == "oom" and result["log_tail"] == [log.read_text().strip()]
 
 
+@pytest.mark.parametrize("line", [
+    "[ERROR] RUNTIME: aclrtMalloc failed, size=2147483648, error code is 207001",
+    "EL0004: Failed to allocate memory. ACL_ERROR_RT_MEMORY_ALLOCATION_FAILED",
+])
+def test_the_cann_runtimes_allocation_failure_is_out_of_memory(line):
+    # field-practice.md: the words a health gate must recognise as out of memory
+    assert sh.root_cause(["INFO loading weights", line, "Traceback (most recent call last):"]) == ("oom", line)
+
+
 def test_stale_lines_give_no_root_cause(tmp_path):
     # the previous run died of OOM; the new one exits without a word: its failure is not the old OOM
     log = tmp_path / "instance.log"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import re
 import threading
 
 import pytest
@@ -82,6 +83,11 @@ def test_fresh_hosts_are_provisioned_while_an_unreachable_one_is_reported(bare_f
     assert "HwHiAiUser" in lab.sh_ok("lab-01", "id HwHiAiUser")
     env_file = lab.sh_ok("lab-01", "cat /etc/profile.d/dsctl-ascend.sh")
     assert "ascend-toolkit/set_env.sh" in env_file and "PYTORCH_NPU_ALLOC_CONF" in env_file
+    # the lab's inventory applies the long-context profile: the field guide's memory env, as asked
+    assert "export ASCEND_CACHE_SIZE='6000000000'" in env_file and "export GE_USE_STATIC_MEMORY='1'" in env_file
+    written = {entry["name"]: entry for entry in hosts["lab-01"]["env"]}
+    assert (written["ASCEND_CACHE_SIZE"]["source"], written["ASCEND_CACHE_SIZE"]["confidence"]) == (
+        "field guide", "field practice, effect unknown")
     loaded = lab.sh_ok("lab-01", "bash -c '. /etc/profile.d/dsctl-ascend.sh && echo $ASCEND_TOOLKIT_HOME'")
     assert "/usr/local/Ascend/ascend-toolkit/latest" in loaded
     probe = "import torch_npu, vllm_ascend; print(torch_npu.__version__, vllm_ascend.__version__)"
@@ -141,6 +147,9 @@ def test_check_is_clean_and_a_second_provision_changes_nothing(bare_fleet):
     result = dsctl("check", str(lab.inventory), check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count(" ok ") >= 3
+    # the field guide's memory env verified on every host, with its source and confidence
+    assert "ASCEND_CACHE_SIZE=6000000000 profile long-context; field guide; field practice, effect unknown; " \
+           "verified" in re.sub(r" {2,}", " ", result.stdout), result.stdout
     before = {h["name"]: h["boots"] for h in lab.status()["data"]}
 
     result = dsctl("provision", str(lab.inventory), "--json", check=False)
@@ -152,11 +161,17 @@ def test_check_is_clean_and_a_second_provision_changes_nothing(bare_fleet):
 
 def test_check_reports_env_drift_without_changing_anything(bare_fleet):
     lab = bare_fleet
-    lab.sh_ok("lab-02", "sed -i 's/^export TASK_QUEUE_ENABLE=.*/export TASK_QUEUE_ENABLE=2/' "
+    lab.sh_ok("lab-02", "sed -i -e 's/^export TASK_QUEUE_ENABLE=.*/export TASK_QUEUE_ENABLE=2/' "
+                        "-e 's/^export GE_USE_STATIC_MEMORY=.*/export GE_USE_STATIC_MEMORY=0/' "
                         "/etc/profile.d/dsctl-ascend.sh")
     result = dsctl("check", str(lab.inventory), "--json", check=False)
     hosts = {row["host"]: row for row in json.loads(result.stdout)["data"]["hosts"]}
     assert result.returncode == 3
     assert hosts["lab-02"]["status"] == "error"
     assert any(f["component"] == "env" and "TASK_QUEUE_ENABLE" in f["sentence"] for f in hosts["lab-02"]["findings"])
+    assert any(f["component"] == "env" and "GE_USE_STATIC_MEMORY is '0'" in f["sentence"]
+               for f in hosts["lab-02"]["findings"])
+    states = {entry["name"]: entry["state"] for entry in hosts["lab-02"]["env"]}
+    assert (states["GE_USE_STATIC_MEMORY"], states["ASCEND_CACHE_SIZE"]) == ("drift", "verified")
+    assert {entry["state"] for entry in hosts["lab-01"]["env"]} == {"verified"}
     assert "TASK_QUEUE_ENABLE=2" in lab.sh_ok("lab-02", "cat /etc/profile.d/dsctl-ascend.sh")

@@ -60,7 +60,7 @@ def test_bad_inventory_values_are_one_line_errors_and_change_nothing(old_lab, tm
     cases = [
         ({"dsctl_npu_count": "eight"}, 2, "dsctl_npu_count"),
         ({"dsctl_npu_cont": 8}, 2, "dsctl_npu_count"),
-        ({"dsctl_ascend_env": {"ASCEND_CACHE_SIZE": 500}}, 2, "ASCEND_MAX_OP_CACHE_SIZE"),
+        ({"dsctl_ascend_env": {"ASCEND_CACHE_SIZE": 6 * 10**15}}, 2, "ASCEND_CACHE_SIZE"),  # ~6 PB: bounded
         ({"dsctl_ascend_env": {"HCCL_BUFFSIZE": "1G"}}, 2, "HCCL_BUFFSIZE"),
         ({"dsctl_cann_version": "7.7.7"}, 2, "dsctl_cann_version"),
         # an incompatible desired combination: CANN 8.5.0 refuses the 24.1.rc3 driver train

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.core.fleet.ascend_env import EnvError, catalogue, default_env, parse_env_file, render_env_file, resolve_env
+from dsctl.core.fleet.ascend_env import (
+    EnvError,
+    annotated_env,
+    catalogue,
+    check_variable,
+    default_env,
+    parse_env_file,
+    profiles,
+    render_env_file,
+    resolve_env,
+    warning,
+)
 from dsctl.errors import ExitStatus
 
 TOOLKIT = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
@@ -14,6 +25,9 @@ REQUIRED_VARIABLES = {
     "PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE", "ACL_OP_COMPILER_CACHE_MODE", "ACL_OP_COMPILER_CACHE_DIR",
     "HCCL_BUFFSIZE", "HCCL_OP_EXPANSION_MODE", "ATB_WORKSPACE_MEM_ALLOC_GLOBAL", "ATB_WORKSPACE_MEM_ALLOC_ALG_TYPE",
     "CPU_AFFINITY_CONF", "OMP_NUM_THREADS", "ASCEND_LAUNCH_BLOCKING", "ASCEND_GLOBAL_LOG_LEVEL",
+    # field-practice.md's memory env, and names from our own references
+    "ASCEND_CACHE_SIZE", "ENABLE_FUSION_ATTENTION", "ASCEND_WORKSPACE_SIZE",
+    "NPU_MEMORY_FRACTION", "ACL_OP_INIT_MODE", "MINDIE_ASYNC_SCHEDULING_ENABLE", "HCCL_CONNECT_TIMEOUT",
 }
 
 
@@ -34,8 +48,11 @@ def test_every_variable_has_kind_purpose_source_and_confidence():
     for name, spec in variables.items():
         assert spec["kind"] in {"int", "float", "enum", "path", "string", "options", "cpu_affinity"}, name
         assert spec["purpose"] and spec["source"], name
-        assert spec["confidence"] in {"official", "observed", "inferred"}, name
+        assert spec["confidence"] in {"official", "observed", "inferred", "field"}, name
+        assert spec["reference"], name
         assert "default" in spec, name
+        if spec["confidence"] == "field":
+            assert spec["believed"] and spec["covered_by"], name
 
 
 def test_every_default_passes_its_own_check():
@@ -79,14 +96,119 @@ def test_a_size_with_a_unit_suffix_is_refused_with_the_number_to_write():
     )
 
 
-def test_the_issue_name_ascend_cache_size_does_not_exist():
-    message = env_error({"ASCEND_CACHE_SIZE": 500})
-    assert message.startswith("dsctl_ascend_env.ASCEND_CACHE_SIZE:")
-    assert message.endswith("did you mean ASCEND_MAX_OP_CACHE_SIZE?")
+def test_the_field_guides_memory_env_is_accepted_as_written():
+    env = resolve_env({"ASCEND_CACHE_SIZE": 6000000000, "GE_USE_STATIC_MEMORY": 1})
+    assert env["ASCEND_CACHE_SIZE"] == "6000000000"
+    assert env["GE_USE_STATIC_MEMORY"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        # ~6 PB: the on-disk operator cache is in MB, so the guide's byte count is a unit mistake there
+        ({"ASCEND_MAX_OP_CACHE_SIZE": 6000000000}, "an integer number of MB from 1 to 1048576"),
+        ({"ASCEND_CACHE_SIZE": 6 * 10**15}, "an integer number of bytes from 1 to 1099511627776"),
+        ({"ASCEND_CACHE_SIZE": 0}, "e.g. 6000000000"),
+        ({"ASCEND_WORKSPACE_SIZE": 2 * 2**40}, "e.g. 1073741824"),
+        ({"GE_USE_STATIC_MEMORY": "yes"}, "expected one of 0, 1, 2, 3, 4"),
+        ({"ENABLE_FUSION_ATTENTION": 2}, "expected one of 0, 1"),
+        ({"MINDIE_ASYNC_SCHEDULING_ENABLE": "true"}, "expected one of 0, 1"),
+        ({"ACL_OP_INIT_MODE": 3}, "expected one of 0, 1, 2"),
+        ({"NPU_MEMORY_FRACTION": 1.2}, "a number above 0.0 and at most 1.0"),
+        ({"NPU_MEMORY_FRACTION": 0}, "a number above 0.0 and at most 1.0"),
+        ({"HCCL_CONNECT_TIMEOUT": 60}, "an integer number of seconds from 120 to 7200"),
+    ],
+)
+def test_sizes_and_switches_are_bounded(overrides, fragment):
+    message = env_error(overrides)
+    assert message.startswith(f"dsctl_ascend_env.{next(iter(overrides))}: expected ")
+    assert fragment in message
+
+
+def test_a_byte_size_with_a_suffix_gets_the_number_of_bytes():
+    assert env_error({"ASCEND_CACHE_SIZE": "6G"}).endswith("got '6G'; write 6442450944")
+
+
+def test_names_from_our_references_take_their_documented_values():
+    env = resolve_env({"NPU_MEMORY_FRACTION": 0.96, "ACL_OP_INIT_MODE": 1, "MINDIE_ASYNC_SCHEDULING_ENABLE": 1,
+                       "HCCL_CONNECT_TIMEOUT": 7200})
+    assert (env["NPU_MEMORY_FRACTION"], env["ACL_OP_INIT_MODE"], env["MINDIE_ASYNC_SCHEDULING_ENABLE"],
+            env["HCCL_CONNECT_TIMEOUT"]) == ("0.96", "1", "1", "7200")
+    assert all(warning(name) is None for name in env)  # documented or observed: no warning
+
+
+def test_an_undocumented_name_is_a_one_line_warning_naming_the_documented_setting():
+    line = warning("ASCEND_CACHE_SIZE")
+    assert "\n" not in line
+    assert line.startswith("ASCEND_CACHE_SIZE is not in CANN's environment variable reference")
+    assert "believed to reserve about this many bytes" in line
+    assert "PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in line
+    assert warning("GE_USE_STATIC_MEMORY") is None  # in the CANN reference
+
+
+def test_a_name_dsctl_does_not_know_is_written_with_a_warning():
+    assert resolve_env({"HCCL_IF_BASE_PORT": 43432})["HCCL_IF_BASE_PORT"] == "43432"
+    assert "written as given, its value unchecked" in warning("HCCL_IF_BASE_PORT")
+    message = env_error({"HCCL_IF_BASE_PORT": {"a": 1}})
+    assert message.startswith("dsctl_ascend_env.HCCL_IF_BASE_PORT: expected a one-line")
 
 
 def test_a_typo_gets_a_suggestion():
     assert env_error({"HCCL_BUFSIZE": 200}).endswith("did you mean HCCL_BUFFSIZE?")
+    assert env_error({"PYTORCH_NPU_ALOC_CONF": None}).endswith("did you mean PYTORCH_NPU_ALLOC_CONF?")
+
+
+def test_one_rule_names_the_field_it_checks():
+    assert check_variable("GE_USE_STATIC_MEMORY", 1, field="env") == "1"
+    with pytest.raises(EnvError, match=r"^env\.ASCEND_CACHE_SIZE: expected an integer number of bytes"):
+        check_variable("ASCEND_CACHE_SIZE", "lots", field="env")
+
+
+# --------------------------------------------------------------------------- profiles
+
+LONG_CONTEXT = {"ASCEND_CACHE_SIZE": "6000000000", "GE_USE_STATIC_MEMORY": "1",
+                "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "ENABLE_FUSION_ATTENTION": "1",
+                "ACL_OP_COMPILER_CACHE_MODE": "enable", "ASCEND_WORKSPACE_SIZE": "1073741824",
+                "ATB_WORKSPACE_MEM_ALLOC_GLOBAL": "1"}
+
+
+def test_the_long_context_profile_applies_the_field_guides_settings():
+    env = resolve_env({}, profile="long-context")
+    assert LONG_CONTEXT.items() <= env.items()
+    assert default_env().keys() <= env.keys()  # laid over the defaults
+
+
+def test_every_profile_value_passes_its_variables_check():
+    for name, profile in profiles().items():
+        for variable, entry in profile["variables"].items():
+            assert check_variable(variable, entry["value"]) == entry["value"], (name, variable)
+            assert entry["source"], (name, variable)
+
+
+def test_explicit_entries_override_the_profile():
+    env = resolve_env({"GE_USE_STATIC_MEMORY": None, "ASCEND_CACHE_SIZE": 2000000000}, profile="long-context")
+    assert "GE_USE_STATIC_MEMORY" not in env
+    assert env["ASCEND_CACHE_SIZE"] == "2000000000"
+
+
+def test_an_unknown_profile_is_refused_naming_the_known_ones():
+    with pytest.raises(EnvError, match=r"^dsctl_ascend_env_profile: no profile 'long'; known: long-context, or leave"):
+        resolve_env({}, profile="long")
+
+
+def test_each_value_says_where_it_comes_from_and_how_sure_that_is():
+    entries = {e["name"]: e for e in annotated_env({"HCCL_CONNECT_TIMEOUT": 600, "ASCEND_WORKSPACE_SIZE": 2**31},
+                                                   profile="long-context")}
+    assert entries["ASCEND_CACHE_SIZE"] | {"warning": None} == {
+        "name": "ASCEND_CACHE_SIZE", "value": "6000000000", "origin": "profile long-context", "source": "field guide",
+        "confidence": "field practice, effect unknown", "warning": None}
+    assert entries["ASCEND_CACHE_SIZE"]["warning"]
+    assert (entries["GE_USE_STATIC_MEMORY"]["source"], entries["GE_USE_STATIC_MEMORY"]["confidence"]) == (
+        "field guide", "documented")
+    assert (entries["HCCL_CONNECT_TIMEOUT"]["origin"], entries["HCCL_CONNECT_TIMEOUT"]["source"]) == (
+        "inventory", "CANN reference")
+    assert entries["ASCEND_WORKSPACE_SIZE"]["origin"] == "inventory"
+    assert entries["TASK_QUEUE_ENABLE"]["origin"] == "default"
 
 
 @pytest.mark.parametrize(

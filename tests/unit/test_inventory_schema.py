@@ -110,9 +110,23 @@ def test_an_unknown_dsctl_variable_without_a_close_name():
 
 
 def test_the_ascend_env_is_checked_with_the_host_named():
-    message = str(problem({**SITE, "dsctl_ascend_env": {"ASCEND_CACHE_SIZE": 1000}}))
-    assert message.startswith("inventory: host lab-01: dsctl_ascend_env.ASCEND_CACHE_SIZE:")
-    assert "did you mean ASCEND_MAX_OP_CACHE_SIZE" in message
+    message = str(problem({**SITE, "dsctl_ascend_env": {"ASCEND_CACHE_SIZE": 6 * 10**15}}))
+    assert message.startswith("inventory: host lab-01: dsctl_ascend_env.ASCEND_CACHE_SIZE: expected an integer "
+                              "number of bytes from 1 to 1099511627776")
+
+
+def test_the_env_profile_is_applied_and_overridden_by_explicit_entries():
+    settings = validate_host_vars("a", {**SITE, "dsctl_ascend_env_profile": "long-context",
+                                        "dsctl_ascend_env": {"ENABLE_FUSION_ATTENTION": 0}})
+    assert settings.environment["ASCEND_CACHE_SIZE"] == "6000000000"
+    assert settings.environment["GE_USE_STATIC_MEMORY"] == "1"
+    assert settings.environment["ENABLE_FUSION_ATTENTION"] == "0"
+    assert "GE_USE_STATIC_MEMORY" not in validate_host_vars("a", SITE).environment  # default: no profile
+
+
+def test_an_unknown_env_profile_is_one_line_naming_the_host():
+    assert str(problem({**SITE, "dsctl_ascend_env_profile": "long_context"})) == (
+        "inventory: host lab-01: dsctl_ascend_env_profile: no profile 'long_context'; did you mean long-context?")
 
 
 def test_an_empty_ascend_env_key_means_no_overrides():

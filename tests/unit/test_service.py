@@ -152,6 +152,12 @@ def test_values_are_normalised():
     assert spec.env == {"TASK_QUEUE_ENABLE": "2", "HCCL_BUFFSIZE": "512", "VLLM_USE_V1": "1"}
 
 
+def test_a_service_env_takes_the_field_guides_memory_env_by_the_host_envs_rules():
+    (spec,) = validate([chat(env={"ASCEND_CACHE_SIZE": 6000000000, "GE_USE_STATIC_MEMORY": 1,
+                                  "NPU_MEMORY_FRACTION": 0.96})])
+    assert spec.env == {"ASCEND_CACHE_SIZE": "6000000000", "GE_USE_STATIC_MEMORY": "1", "NPU_MEMORY_FRACTION": "0.96"}
+
+
 # --------------------------------------------------------------------------- one-line errors
 
 
@@ -230,6 +236,14 @@ def test_values_are_normalised():
          "dsctl_services[0].env.1BAD: not an environment variable name; use letters, digits and _"),
         (chat(env={"TASK_QUEUE_ENABLE": 5}),
          "dsctl_services[0].env.TASK_QUEUE_ENABLE: expected one of 0, 1, 2, got 5; pick one of them"),
+        # the host env's rules (ascend_env.check_variable): bounds, typos
+        (chat(env={"ASCEND_CACHE_SIZE": 6000000000000000}),
+         "dsctl_services[0].env.ASCEND_CACHE_SIZE: expected an integer number of bytes from 1 to 1099511627776, got "
+         "6000000000000000; write a value in range, e.g. 6000000000"),
+        (chat(env={"GE_USE_STATIC_MEMORY": "on"}),
+         "dsctl_services[0].env.GE_USE_STATIC_MEMORY: expected one of 0, 1, 2, 3, 4, got 'on'; pick one of them"),
+        (chat(env={"HCCL_BUFSIZE": 512}),
+         "dsctl_services[0].env.HCCL_BUFSIZE: not a variable dsctl knows; did you mean HCCL_BUFFSIZE?"),
         (chat(env={"LD_PRELOAD": "a.so\\ b.so"}),
          "dsctl_services[0].env.LD_PRELOAD: expected a one-line value without surrounding blanks, leading quotes "
          "or backslashes (the env file holds it unquoted); fix it in group_vars or host_vars"),

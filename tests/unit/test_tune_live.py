@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsctl.core.tune.search import Failure
+from dsctl.core.tune.search import CRASHES, Failure
 from dsctl.services import tune_live
 
 # inference_service's failure line (roles/inference_service/tasks/rollout.yml), as deploy returns it.
@@ -28,6 +28,14 @@ def test_out_of_memory_and_a_health_timeout_are_classified_from_the_engines_word
     assert slow.failure == Failure.START_TIMEOUT
     other = tune_live.start_failure(["lab-01: unreachable: ssh: connect to host: No route to host"], {})
     assert other.failure == Failure.ERROR and other.detail.startswith("lab-01: unreachable")
+
+
+def test_the_cann_runtimes_allocation_failure_at_start_is_a_memory_failure():
+    # field-practice.md's words; the tuner keeps the allocator's failure apart from vLLM's KV arithmetic
+    for reason in ("[ERROR] RUNTIME: aclrtMalloc failed, size=2147483648, error code is 207001",
+                   "RuntimeError: ACL_ERROR_RT_MEMORY_ALLOCATION_FAILED"):
+        outcome = tune_live.start_failure([ROLLED_BACK.format(reason=reason)], {})
+        assert outcome.failure == Failure.ACLRTMALLOC and outcome.failure in CRASHES, reason
 
 
 def test_same_value_tells_booleans_from_numbers():

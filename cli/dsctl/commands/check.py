@@ -50,6 +50,10 @@ def _render(result: CheckResult) -> None:
                            versions["torch_npu"], versions["vllm_ascend"],
                            f"{npus.get('count', '-')} x {chips}" if npus else "-", unhealthy if npus else "-", hbm])
     ui.print_table(f"dsctl check: {len(result.hosts)} hosts", COLUMNS, table_rows)
+    reports = [row for row in result.hosts if row.get("env") and row.get("versions")]
+    ui.print_env_sources([(row["host"], [{k: v for k, v in e.items() if k != "state"} for e in row["env"]])
+                          for row in reports],
+                         states={row["host"]: {e["name"]: e.get("state", "") for e in row["env"]} for row in reports})
     out = ui.stdout_console()
     for row in result.hosts:
         for finding in row.get("findings", []):

@@ -50,4 +50,5 @@ def _render(result: ProvisionResult, inventory: Path, check: bool) -> None:
     ui.print_table(f"dsctl provision{' --check' if check else ''}: {len(result.hosts)} hosts", COLUMNS,
                    [[h.host, h.driver, h.firmware, h.cann, h.torch_npu, h.vllm_ascend, h.changed, h.status]
                     for h in result.hosts])
+    ui.print_env_sources([(h.host, h.env) for h in result.hosts if h.env])
     ui.print_run_tail(result.errors, rerun=result.rerun, command="provision", inventory=inventory, log=result.run.log)

@@ -70,6 +70,9 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         # Lab hosts have no systemd as PID 1 (nor do many containers): instances run under supervisord.
         "dsctl_service_manager": "supervisor",
         "dsctl_services": [demo_service(spec.npus)],
+        # The field guide's memory env against aclrtMalloc failed on long prompts (ASCEND_CACHE_SIZE=6000000000,
+        # GE_USE_STATIC_MEMORY=1, ...; cli/dsctl/data/ascend_env.yaml, field-practice.md "Memory env").
+        "dsctl_ascend_env_profile": "long-context",
     }
     inventory = {
         "all": {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,15 @@ def exit_status_of(statuses: list[str]) -> ExitStatus:
     return ExitStatus.OK
 
 
+def env_states(env: list[dict[str, Any]], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The wanted env entries, each with ``state``: "verified" when the host's env file holds the value, else
+    "drift" (the audit's env findings name the variable: changed or missing)."""
+    drift = " ".join(f.get("sentence", "") for f in findings if f.get("component") == "env")
+    missing_file = any(f.get("code") == "env-missing" for f in findings)
+    return [{**entry, "state": "drift" if missing_file or re.search(rf"\b{re.escape(entry['name'])}\b", drift)
+             else "verified"} for entry in env]
+
+
 def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = no_progress) -> CheckResult:
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
     # --check as well: the audit play only reads, and Ansible's check mode makes that a guarantee.
@@ -59,10 +69,12 @@ def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = 
     for name in sorted(run.hosts):
         outcome = run.hosts[name]
         report = outcome.facts.get(REPORT_FACT)
+        settings = fleet.settings.get(name)
+        env = settings.environment_sources if settings is not None else []
         if outcome.status == "unreachable" or report is None:
             rows.append({"host": name, "status": outcome.status if outcome.status != "ok" else "error",
-                         "findings": [], "versions": {}, "npus": {}})
+                         "findings": [], "versions": {}, "npus": {}, "env": env})
             continue
-        rows.append({"host": name, **report})
+        rows.append({"host": name, **report, "env": env_states(env, report.get("findings", []))})
     return CheckResult(hosts=tuple(rows), exit_status=exit_status_of([row["status"] for row in rows]),
                        errors=tuple(failure_lines(run)), run=run)

@@ -47,6 +47,8 @@ class ProvisionedHost:
     changed: int
     status: str  # ok, changed, pending-reboot, failed, unreachable
     stack: dict[str, Any] | None  # the desired stack the host was provisioned to
+    # The NPU env written to the host: each value with origin, source, confidence, warning (annotated_env).
+    env: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -82,7 +84,8 @@ def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: Progres
             status = "pending-reboot"
         settings = fleet.settings.get(name)
         stack = settings.stack.to_dict() if settings is not None and settings.stack else None
+        env = settings.environment_sources if settings is not None else []
         hosts.append(ProvisionedHost(host=name, **versions_summary(report), changed=outcome.changed, status=status,
-                                     stack=stack))
+                                     stack=stack, env=env))
     return ProvisionResult(hosts=tuple(hosts), check_mode=inputs.check, exit_status=run.exit_status(),
                            errors=tuple(failure_lines(run)), rerun=tuple(hosts_to_rerun(run)), run=run)

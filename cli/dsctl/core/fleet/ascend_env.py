@@ -1,10 +1,16 @@
 """The environment of NPU processes: checked overrides, the profile.d script and its inverse (pure).
 
-The variables dsctl knows, their kinds, defaults and sources are data (``dsctl/data/ascend_env.yaml``);
-this module only applies them.  `resolve_env` merges an inventory's ``dsctl_ascend_env`` over the
-defaults, `render_env_file` writes the sh script the hosts source, `parse_env_file` reads it back for
-drift checks.  A value is refused before it reaches a host: a wrong one fails only when a model loads,
-and the runtime's own message rarely names the variable.
+The variables dsctl knows, their kinds, defaults, sources and named profiles are data
+(``dsctl/data/ascend_env.yaml``); this module only applies them.  `resolve_env` lays a profile
+(``dsctl_ascend_env_profile``) and then an inventory's ``dsctl_ascend_env`` over the defaults,
+`annotated_env` says where each value comes from and how sure that source is, `render_env_file` writes the
+sh script the hosts source, `parse_env_file` reads it back for drift checks.
+
+`check_variable` is the one rule for a variable, host env and a service's ``env:`` alike
+(dsctl.core.serving.service): a value is refused before it reaches a host (a wrong one fails only when a model
+loads, and the runtime's own message rarely names the variable); a name only field guides use
+(field-practice.md, "Memory env") is accepted with a warning naming the documented setting for the same
+failure; a name dsctl does not know is written with a warning, unless it is a typo of one it knows.
 """
 
 from __future__ import annotations
@@ -19,8 +25,18 @@ from dsctl import data
 from dsctl.errors import DsctlError, ExitStatus
 
 INVENTORY_VAR = "dsctl_ascend_env"
+PROFILE_VAR = "dsctl_ascend_env_profile"
+# A name this close to a known one is a typo (refused); further away it is some other variable (a warning).
+_TYPO_CUTOFF = 0.85
+CONFIDENCE_WORDS = {
+    "official": "documented",
+    "observed": "observed in public deploy recipes",
+    "inferred": "inferred, verify on hardware",
+    "field": "field practice, effect unknown",
+}
 HEADER = (
-    "# managed by dsctl, do not edit: rewritten from the inventory's dsctl_ascend_env on every provision\n"
+    "# managed by dsctl, do not edit: rewritten from the inventory's dsctl_ascend_env_profile and dsctl_ascend_env\n"
+    "# on every provision\n"
     "# NPU process environment; variables and sources: dsctl/data/ascend_env.yaml\n"
 )
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -47,50 +63,134 @@ def catalogue() -> dict[str, dict[str, Any]]:
     return data.load("ascend_env")["variables"]
 
 
+def profiles() -> dict[str, dict[str, Any]]:
+    """Name -> profile (purpose, variables: NAME -> {value, source}) of every named env profile."""
+    return data.load("ascend_env").get("profiles", {})
+
+
 def default_env(variables: Mapping[str, Mapping] | None = None) -> dict[str, str]:
     variables = catalogue() if variables is None else variables
     return {name: str(spec["default"]) for name, spec in sorted(variables.items()) if spec.get("default") is not None}
 
 
+# --------------------------------------------------------------------------- one variable: the one rule
+
+
+def check_variable(name: str, value: Any, *, field: str = INVENTORY_VAR,
+                   variables: Mapping[str, Mapping] | None = None) -> str:
+    """``value`` of variable ``name`` as the environment holds it, checked by the catalogue's rule for it.
+
+    The one check of a variable's name and value, for the host env and a service's env.  Raises `EnvError`,
+    one line ``<field>.<name>: ...`` naming the fix.  A name the catalogue does not know passes unchecked
+    (`warning` says so), unless it is a typo of one it knows or a misnomer."""
+    variables = catalogue() if variables is None else variables
+    spec = variables.get(name)
+    if spec is None:
+        misnamed = next((known for known, spec in variables.items() if name in spec.get("misnomers", ())), None)
+        if misnamed:
+            raise EnvError(f"{field}.{name}: no such variable in the CANN documentation; did you mean {misnamed}?")
+        close = difflib.get_close_matches(name, list(variables), n=1, cutoff=_TYPO_CUTOFF)
+        if close:
+            raise EnvError(f"{field}.{name}: not a variable dsctl knows; did you mean {close[0]}?")
+        return _string_or_number(name, value, field)
+    try:
+        return _checked(spec, value)
+    except _Invalid as invalid:
+        raise EnvError(f"{field}.{name}: expected {invalid.expected}, got {_shown(value)}; {invalid.fix}") from None
+
+
+def _string_or_number(name: str, value: Any, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or any(c in str(value) for c in "\n\r\0"):
+        raise EnvError(f"{field}.{name}: expected a one-line string or a number, got {_shown(value)}; quote it")
+    return str(value)
+
+
+def warning(name: str, *, variables: Mapping[str, Mapping] | None = None) -> str | None:
+    """One line for a variable CANN's reference does not list (None for a documented one): what it is believed to
+    do and which documented setting covers the same failure."""
+    variables = catalogue() if variables is None else variables
+    spec = variables.get(name)
+    if spec is None:
+        close = difflib.get_close_matches(name, list(variables), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return (f"{name} is not in CANN's environment variable reference nor in dsctl's catalogue "
+                f"(dsctl/data/ascend_env.yaml){hint}; written as given, its value unchecked")
+    if spec.get("confidence") != "field":
+        return None
+    return (f"{name} is not in CANN's environment variable reference (field practice, effect unknown): believed to "
+            f"{_lower_first(spec['believed'])}; documented settings for the same failure: {spec['covered_by']}")
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if text else text
+
+
 # --------------------------------------------------------------------------- resolve
 
 
-def resolve_env(overrides: Mapping[str, Any] | None, *,
-                variables: Mapping[str, Mapping] | None = None) -> dict[str, str]:
-    """Defaults merged with ``overrides`` (an override of None removes a default), every value checked.
+def check_profile(profile: Any) -> str | None:
+    """The profile name, or None; `EnvError` naming the known profiles otherwise."""
+    if profile is None:
+        return None
+    known = profiles()
+    if not isinstance(profile, str) or profile not in known:
+        close = difflib.get_close_matches(str(profile), list(known), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(sorted(known))}, or leave it out"
+        raise EnvError(f"{PROFILE_VAR}: no profile {_shown(profile)}; {hint}")
+    return profile
 
-    Returns NAME -> value string, sorted by name.  Raises `EnvError` with one line naming the variable.
-    """
-    variables = catalogue() if variables is None else variables
+
+def _layers(overrides: Mapping[str, Any] | None, profile: str | None,
+            variables: Mapping[str, Mapping]) -> dict[str, tuple[str, str]]:
+    """NAME -> (value, origin): defaults, then the profile's values, then the overrides (None removes a value)."""
     if overrides is None:
         overrides = {}
     if not isinstance(overrides, Mapping):
         raise EnvError(f"{INVENTORY_VAR}: expected a mapping of NAME: value, got {_shown(overrides)}; "
                        "write one variable per line under it")
-    env = default_env(variables)
+    env = {name: (value, "default") for name, value in default_env(variables).items()}
+    if check_profile(profile) is not None:
+        for name, entry in profiles()[profile]["variables"].items():
+            env[name] = (check_variable(name, entry["value"], field=f"{PROFILE_VAR} {profile}", variables=variables),
+                         f"profile {profile}")
     for key, value in overrides.items():
         name = str(key)
-        spec = _known(name, variables)
         if value is None:
+            if name not in variables:
+                check_variable(name, "", variables=variables)  # a typo or a misnomer is refused here too
             env.pop(name, None)
             continue
-        try:
-            env[name] = _checked(spec, value)
-        except _Invalid as invalid:
-            raise EnvError(f"{INVENTORY_VAR}.{name}: expected {invalid.expected}, got {_shown(value)}; "
-                           f"{invalid.fix}") from None
+        env[name] = (check_variable(name, value, variables=variables), "inventory")
     return dict(sorted(env.items()))
 
 
-def _known(name: str, variables: Mapping[str, Mapping]) -> Mapping:
-    if name in variables:
-        return variables[name]
-    misnamed = next((known for known, spec in variables.items() if name in spec.get("misnomers", ())), None)
-    if misnamed:
-        raise EnvError(f"{INVENTORY_VAR}.{name}: no such variable in the CANN documentation; did you mean {misnamed}?")
-    close = difflib.get_close_matches(name, list(variables), n=1)
-    hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(sorted(variables))}"
-    raise EnvError(f"{INVENTORY_VAR}.{name}: not a variable dsctl sets; {hint}")
+def resolve_env(overrides: Mapping[str, Any] | None, *, profile: str | None = None,
+                variables: Mapping[str, Mapping] | None = None) -> dict[str, str]:
+    """Defaults, then ``profile``'s values, then ``overrides`` (an override of None removes a value), every value
+    checked.
+
+    Returns NAME -> value string, sorted by name.  Raises `EnvError` with one line naming the variable.
+    """
+    variables = catalogue() if variables is None else variables
+    return {name: value for name, (value, _) in _layers(overrides, profile, variables).items()}
+
+
+def annotated_env(overrides: Mapping[str, Any] | None, *, profile: str | None = None) -> list[dict[str, Any]]:
+    """Every variable of the resolved env with where its value comes from and how sure that source is.
+
+    Each entry: name, value, origin (default, profile <name>, inventory), source (the profile's source for a
+    profile value, else the catalogue's reference), confidence (CONFIDENCE_WORDS), warning (or None)."""
+    variables = catalogue()
+    profile_values = profiles()[profile]["variables"] if check_profile(profile) else {}
+    entries = []
+    for name, (value, origin) in _layers(overrides, profile, variables).items():
+        spec = variables.get(name, {})
+        source = (profile_values[name]["source"] if origin.startswith("profile ")
+                  else spec.get("reference", "inventory"))
+        entries.append({"name": name, "value": value, "origin": origin, "source": source,
+                        "confidence": CONFIDENCE_WORDS.get(spec.get("confidence", ""), "unknown to dsctl"),
+                        "warning": warning(name, variables=variables)})
+    return entries
 
 
 def _shown(value: Any) -> str:
@@ -119,9 +219,14 @@ def _checked(spec: Mapping, value: Any) -> str:
 # --------------------------------------------------------------------------- kinds
 
 
+_UNIT_WORDS = {"s": "seconds"}
+
+
 def _int_words(spec: Mapping) -> str:
     unit = spec.get("unit")
-    return f"an integer number of {unit}" if unit and unit != "%" else ("a percentage" if unit else "an integer")
+    if unit == "%":
+        return "a percentage"
+    return f"an integer number of {_UNIT_WORDS.get(unit, unit)}" if unit else "an integer"
 
 
 def _int_range(spec: Mapping) -> str:
@@ -135,14 +240,16 @@ def _int_range(spec: Mapping) -> str:
 def _in_unit(text: str, unit: str | None) -> int | None:
     """A size written with a suffix in the variable's unit ("1G" in MB -> 1024), for the fix text."""
     match = _SIZE_RE.match(text.strip())
-    if not match or unit not in ("KB", "MB", "GB"):
+    if not match or unit not in ("bytes", "KB", "MB", "GB"):
         return None
     size_kb = float(match[1]) * _SIZE_FACTORS[match[2].upper()]
-    value = size_kb / _SIZE_FACTORS[unit[0]]
+    value = size_kb * 1024 if unit == "bytes" else size_kb / _SIZE_FACTORS[unit[0]]
     return int(value) if value == int(value) else None
 
 
 def _example(spec: Mapping) -> str:
+    if spec.get("example") is not None:
+        return str(spec["example"])
     if spec.get("default") is not None:
         return str(spec["default"])
     return str(spec.get("min", 1)) if spec["kind"] == "int" else ""
@@ -164,13 +271,16 @@ def _int_value(spec: Mapping, value: Any) -> str:
 
 
 def _float_value(spec: Mapping, value: Any) -> str:
-    above, below = spec.get("above"), spec.get("below")
-    expected = f"a number between {above} and {below} (exclusive)"
+    """A number with exclusive bounds (above / below) or an inclusive upper one (max)."""
+    above, below, high = spec.get("above"), spec.get("below"), spec.get("max")
+    expected = (f"a number above {above} and at most {high}" if high is not None
+                else f"a number between {above} and {below} (exclusive)")
     try:
         number = float(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError):
         number = None
-    if number is None or (above is not None and number <= above) or (below is not None and number >= below):
+    if number is None or number != number or (above is not None and number <= above) or (
+            below is not None and number >= below) or (high is not None and number > high):
         raise _Invalid(expected, "write e.g. 0.8")
     return str(value).strip()
 

@@ -120,6 +120,10 @@ class HostSettings(BaseModel):
     dsctl_ascend_env: Annotated[
         dict[str, Any], Field(strict=True, description="a mapping of VARIABLE: value")
     ] = Field(default_factory=dict)
+    # A named set of NPU env values (ascend_env.yaml's profiles, e.g. long-context); dsctl_ascend_env overrides it.
+    dsctl_ascend_env_profile: Annotated[
+        str | None, Field(strict=True, description="a profile name from dsctl/data/ascend_env.yaml, or none")
+    ] = None
     dsctl_serving_venv: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/opt/dsctl/serving-venv"
     # Defaults to <dsctl_package_source>/wheels (see _default_wheelhouse).
     dsctl_wheelhouse: Annotated[PathOrUrl | None, Field(description=_PATH_OR_URL)] = None
@@ -187,10 +191,20 @@ class HostSettings(BaseModel):
         ascend_env.resolve_env(overrides)  # raises EnvError, one line naming the variable
         return overrides
 
+    @field_validator("dsctl_ascend_env_profile")
+    @classmethod
+    def _known_profile(cls, profile: str | None) -> str | None:
+        return ascend_env.check_profile(profile)  # raises EnvError naming the known profiles
+
     @property
     def environment(self) -> dict[str, str]:
-        """The NPU process environment: ascend_env defaults merged with dsctl_ascend_env."""
-        return ascend_env.resolve_env(self.dsctl_ascend_env)
+        """The NPU process environment: ascend_env defaults, then the profile, then dsctl_ascend_env."""
+        return ascend_env.resolve_env(self.dsctl_ascend_env, profile=self.dsctl_ascend_env_profile)
+
+    @property
+    def environment_sources(self) -> list[dict[str, Any]]:
+        """`environment` with each value's origin, source, confidence and warning (ascend_env.annotated_env)."""
+        return ascend_env.annotated_env(self.dsctl_ascend_env, profile=self.dsctl_ascend_env_profile)
 
     @classmethod
     def setting_names(cls) -> list[str]:

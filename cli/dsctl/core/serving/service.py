@@ -580,11 +580,10 @@ def _served_default(name: str) -> str:
 
 
 def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str, str]:
-    """A service's extra environment: names checked, values as strings (and checked against the CANN
-    catalogue, ``ascend_env.yaml``, for the variables it knows).  Raises `_Problem`."""
+    """A service's extra environment: names checked, values as strings, each variable by the same rule as the host
+    env (`ascend_env.check_variable`: the catalogue's kinds and bounds, typos and misnomers).  Raises `_Problem`."""
     if env is None:
         return {}
-    catalogue = ascend_env.catalogue()
     checked: dict[str, str] = {}
     for key, value in env.items():
         name, path = str(key), f"{field}.{key}"
@@ -598,11 +597,10 @@ def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str,
         if text != text.strip() or text[:1] in ("'", '"') or any(c in text for c in "\\\n\r\0"):
             raise _Problem(path, "expected a one-line value without surrounding blanks, leading quotes or "
                                  f"backslashes (the env file holds it unquoted); {FIX}")
-        if name in catalogue:
-            try:
-                text = ascend_env.resolve_env({name: value}, variables={name: catalogue[name]})[name]
-            except DsctlError as invalid:
-                raise _Problem(path, str(invalid).removeprefix(f"{ascend_env.INVENTORY_VAR}.{name}: ")) from None
+        try:
+            text = ascend_env.check_variable(name, value, field=field)
+        except DsctlError as invalid:
+            raise _Problem(path, str(invalid).removeprefix(f"{path}: ")) from None
         checked[name] = text
     return checked
 
