@@ -7,6 +7,7 @@ tells a role that it talks to a lab.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import yaml
@@ -16,6 +17,8 @@ from dsctl.lab.hosts import LabPaths
 from dsctl.lab.seed import REBOOT_COMMAND
 
 GROUP = "npu_nodes"
+LAB_MIN_MEMORY_GB = 2
+LAB_MIN_FREE_DISK_GB = 10
 
 
 def demo_service(npus: int) -> dict[str, Any]:
@@ -46,8 +49,10 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         "ansible_ssh_private_key_file": str(paths.client_key),
         # Host-key checking stays on: the lab wrote every host's key into this file.
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={paths.known_hosts} -o StrictHostKeyChecking=yes",
-        # Interpreter discovery can pick a pyenv shim that does not exist on the host.
-        "ansible_python_interpreter": "/usr/bin/python3",
+        # Interpreter discovery can pick a pyenv shim that does not exist on the host.  The real file, not the
+        # /usr/bin/python3 link: a host made to report openEuler 22.03 (`dsctl lab fault HOST os-openeuler`) has a
+        # Python 3.9 stand-in there, as a site whose system python3 is too old for Ansible's modules names another.
+        "ansible_python_interpreter": os.path.realpath("/usr/bin/python3"),
         "dsctl_npu_count": spec.npus,
         "dsctl_package_source": str(paths.packages),
         "dsctl_reboot_command": REBOOT_COMMAND,
@@ -56,6 +61,11 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         # Lab hosts have no systemd as PID 1 (nor do many containers): instances run under supervisord.
         "dsctl_service_manager": "supervisor",
         "dsctl_services": [demo_service(spec.npus)],
+        # The lab runs Debian, which no Ascend table lists (a site can opt in the same way), on a machine far
+        # smaller than the guides' 64 GB RAM / 200 GB disk.
+        "dsctl_extra_supported_os": ["debian"],
+        "dsctl_min_memory_gb": LAB_MIN_MEMORY_GB,
+        "dsctl_min_free_disk_gb": min(LAB_MIN_FREE_DISK_GB, spec.disk_gb),
     }
     inventory = {
         "all": {
