@@ -196,3 +196,34 @@ def test_the_probe_script_runs_under_plain_sh_and_only_reads(tmp_path):
     assert raw["disk"]["path"] == str(tmp_path) and raw["disk"]["free_mb"] > 0
     assert raw["serving_python"]["rc"] == 127 and "not found" in raw["serving_python"]["output"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_preflight_filter_gives_the_role_one_line_per_blocker():
+    import importlib.util
+
+    from dsctl.assets import asset_root
+
+    path = asset_root() / "playbooks" / "filter_plugins" / "dsctl_filters.py"
+    spec = importlib.util.spec_from_file_location("dsctl_filters_for_platform", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    blockers = module.FilterModule().filters()["dsctl_platform_blockers"]
+    plain, stack = settings_of()
+    # what ascend_facts reports for an openEuler 22.03 host whose python3 is 3.9 (ascend_host.system, serving_python)
+    found = blockers(system(), plain, stack, {"path": "/usr/bin/python3", "rc": 0, "output": "Python 3.9.9\n"})
+    assert [b["check"] for b in found] == ["python"]
+    assert found[0]["line"].startswith("serving Python /usr/bin/python3 is 3.9.9; vllm-ascend v0.13.0 needs")
+    assert "Fix: set dsctl_serving_python" in found[0]["line"]
+    assert blockers(system(), plain, stack, None) == []  # a collector that did not ask
+
+
+def test_check_ready_refuses_a_bad_interpreter_setting_before_any_host_is_contacted(tmp_path, capsys):
+    from dsctl.app import main
+
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  children:\n    npu_nodes:\n      hosts:\n        node-1: {ansible_host: 192.0.2.1}\n"
+                         "      vars: {dsctl_npu_count: 8, dsctl_package_source: /srv/p, "
+                         "dsctl_serving_python: python3.11}\n")
+    assert main(["check", "--ready", str(inventory)]) == 2
+    err = capsys.readouterr().err
+    assert "dsctl_serving_python" in err and "python3.11" in err and err.count("\n") == 1

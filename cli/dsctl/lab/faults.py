@@ -155,5 +155,6 @@ def inject(paths: LabPaths, spec: LabSpec, host_name: str, kind: FaultKind, *, n
         hwstate.save_faults({}, hw_dir)
     hosts.set_link(host, up=True)
     _set_disk_limit(paths, host.name, spec.disk_gb * 1024**3)
-    _set_os(paths, host.name, openeuler=False)
+    if hosts.init_pid(paths, host.name) is not None:  # a powered-off host keeps its files until it runs again
+        _set_os(paths, host.name, openeuler=False)
     return f"{host.name}: all faults cleared"
