@@ -22,7 +22,7 @@ try:
     from dsctl.adapters.ansible_values import plain as _plain
     from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, wheel_lock
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
-    from dsctl.core.hostfacts import hoststate
+    from dsctl.core.hostfacts import hoststate, platform
     from dsctl.errors import DsctlError
     from dsctl.services import host_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
@@ -245,6 +245,15 @@ def install_steps_of(host_state, stack) -> list[dict]:
     return [step.to_dict() for step in steps]
 
 
+def platform_blockers(system, settings, stack, python=None) -> list[dict]:
+    """OS, architecture, kernel, memory, disk and the serving Python against the rules (dsctl.core.hostfacts.platform);
+    each blocker as {check, sentence, fix, line}. ``python``: ascend_facts' serving_python ({output, rc}) or None."""
+    _require_core()
+    found = platform.platform_blockers(_plain(system or {}), _plain(settings or {}), _plain(stack) if stack else None,
+                                       _plain(python) if python else None)
+    return [{**blocker.to_dict(), "line": blocker.line()} for blocker in found]
+
+
 def switched_version_cfg(text, version: str) -> str:
     """latest/version.cfg once ``version`` (installed side by side) is the active CANN."""
     _require_core()
@@ -298,5 +307,6 @@ class FilterModule:
             "dsctl_service_instances": service_instances,
             "dsctl_install_steps": install_steps_of,
             "dsctl_switched_version_cfg": switched_version_cfg,
+            "dsctl_platform_blockers": platform_blockers,
             "dsctl_serving_venv_name": serving_venv_dir_name,
         }

@@ -26,6 +26,9 @@ options:
   serving_venv:
     description: The serving virtualenv whose installed distributions are listed.
     type: path
+  serving_python:
+    description: The interpreter the serving venv is made from; its C(--version) output is returned.
+    type: path
   run_user:
     description: The driver's run user.
     type: str
@@ -161,6 +164,16 @@ def serving_state(venv):
     return {"venv": venv, "exists": os.path.isdir(venv), "python": python, "packages": packages}
 
 
+def python_version(module, python):
+    """What ``<python> --version`` says (read-only; the version is judged on the controller)."""
+    if not python:
+        return None
+    if not os.access(python, os.X_OK):
+        return {"path": python, "rc": 127, "output": python + ": not found or not executable"}
+    rc, out, err = module.run_command([python, "--version"], check_rc=False)
+    return {"path": python, "rc": rc, "output": (out + err)[:4096]}
+
+
 def user_state(user, group):
     try:
         pwd.getpwnam(user)
@@ -181,6 +194,7 @@ def main():
             "install_path": {"type": "path", "default": DRIVER_ROOT},
             "env_file": {"type": "path"},
             "serving_venv": {"type": "path"},
+            "serving_python": {"type": "path"},
             "run_user": {"type": "str", "default": "HwHiAiUser"},
             "run_group": {"type": "str", "default": "HwHiAiUser"},
         },
@@ -223,6 +237,7 @@ def main():
         "firmware_record": firmware_records[0] if firmware_records else None,
         "run_user": user_state(params["run_user"], params["run_group"]),
         "serving": serving_state(params["serving_venv"]),
+        "serving_python": python_version(module, params["serving_python"]),
     }
     module.exit_json(changed=False, ascend_raw=raw)
 

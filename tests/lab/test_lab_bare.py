@@ -121,3 +121,35 @@ def test_driver_and_firmware_take_effect_only_after_reboot(bare_lab: Lab):
     assert parse_info(bare_lab.sh_ok(host, "npu-smi info")).driver_version == "25.5.0"
     board = parse_board(bare_lab.sh_ok(host, "npu-smi info -t board -i 5"))
     assert (board["Software Version"], board["Firmware Version"]) == ("25.5.0", "7.8.0.5.216")
+
+
+def test_check_ready_names_the_python_of_an_openeuler_host_and_provision_refuses_in_preflight(bare_lab: Lab):
+    """Issue 12's acceptance: a host reporting openEuler 22.03 with Python 3.9 is named before anything changes."""
+    import json
+
+    from .conftest import dsctl
+
+    host, inventory = "lab-03", str(bare_lab.inventory)
+    dsctl("lab", "fault", host, "os-openeuler")
+    try:
+        assert bare_lab.sh_ok(host, "/usr/bin/python3 --version").strip() == "Python 3.9.9"
+        assert bare_lab.sh(host, "/usr/bin/python3 -c 'print(1)'").exit_code != 0  # the stand-in runs nothing
+        ready = dsctl("check", "--ready", inventory, "--limit", host, "--json", check=False)
+        assert ready.returncode == 3, ready.stdout + ready.stderr
+        row = json.loads(ready.stdout)["data"]["hosts"][0]
+        assert (row["status"], row["system"]["os_id"], row["system"]["os_version"]) == ("blocked", "openEuler", "22.03")
+        assert row["python"] == {"path": "/usr/bin/python3", "version": "3.9.9"}
+        assert [b["check"] for b in row["blockers"]] == ["python"]
+        table = dsctl("check", "--ready", inventory, "--limit", host, check=False).stdout
+        assert ("lab-03: blocks provision: serving Python /usr/bin/python3 is 3.9.9; vllm-ascend v0.13.0 needs "
+                "Python >=3.10,<3.12. Fix: set dsctl_serving_python") in table
+        refused = dsctl("provision", inventory, "--limit", host, check=False)
+        assert refused.returncode != 0 and "is 3.9.9; vllm-ascend v0.13.0 needs" in refused.stdout + refused.stderr
+        # preflight stopped it: no package copied, no run user, nothing under /usr/local/Ascend
+        assert bare_lab.sh(host, "test -e /var/cache/dsctl || test -e /usr/local/Ascend || id HwHiAiUser"
+                           ).exit_code == 1
+    finally:
+        dsctl("lab", "fault", host, "os-native")
+    assert bare_lab.sh_ok(host, "/usr/bin/python3 -c 'import sys; print(sys.version_info[:2])'").strip() != "(3, 9)"
+    ready = dsctl("check", "--ready", inventory, "--limit", host, "--json", check=False)
+    assert ready.returncode == 0, ready.stdout + ready.stderr

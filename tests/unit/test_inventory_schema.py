@@ -27,7 +27,8 @@ def test_defaults_and_ignored_keys():
     assert settings.dsctl_force_unhealthy is False
     assert settings.dsctl_install_path == "/usr/local/Ascend"
     assert (settings.dsctl_run_user, settings.dsctl_run_group) == ("HwHiAiUser", "HwHiAiUser")
-    assert settings.dsctl_min_free_disk_gb == 10
+    assert (settings.dsctl_min_free_disk_gb, settings.dsctl_min_memory_gb) == (200, 64)
+    assert settings.dsctl_serving_python == "/usr/bin/python3" and settings.dsctl_extra_supported_os == []
     assert settings.dsctl_serving_venv == "/opt/dsctl/serving-venv"
     assert settings.dsctl_wheelhouse == "/srv/ascend-packages/wheels"
     assert settings.dsctl_staging_dir == "/var/cache/dsctl/packages"

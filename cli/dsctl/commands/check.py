@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from dsctl import ui
@@ -17,8 +19,10 @@ from dsctl.cli_options import (
     vault_options,
 )
 from dsctl.services.check import CheckInputs, CheckResult, check
+from dsctl.services.check_ready import check_ready
 from dsctl.services.runs import versions_summary
 
+READY_COLUMNS = ["host", "status", "OS", "arch", "kernel", "RAM GB", "free GB", "serving Python", "NPUs", "blockers"]
 COLUMNS = ["host", "status", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "NPUs", "health", "HBM MB"]
 
 
@@ -30,8 +34,16 @@ def run(
     ask_vault_pass: AskVaultOption = False,
     verbose: VerboseOption = False,
     as_json: JsonOption = False,
+    ready: Annotated[bool, typer.Option(
+        "--ready", help="List what would block provision on each host (OS, Python, arch, kernel, RAM, disk, "
+                        "packages, NPUs); needs no Python on the hosts")] = False,
 ) -> None:
     """Read-only audit of every host: versions, NPUs, pending reboot, env drift, incompatibilities with fixes."""
+    if ready:
+        ready_inputs = CheckInputs(inventory=inventory, limit=limit,
+                                   vault=vault_options(vault_password_file, ask_vault_pass))
+        ready_result = run_playbook_verb(ctx, check_ready, ready_inputs, verbose=verbose)
+        report("check", ready_result, as_json=as_json, render=lambda: _render_ready(ready_result))
     inputs = CheckInputs(inventory=inventory, limit=limit, vault=vault_options(vault_password_file, ask_vault_pass))
     result = run_playbook_verb(ctx, check, inputs, verbose=verbose)
     report("check", result, as_json=as_json, render=lambda: _render(result))
@@ -60,6 +72,32 @@ def _render(result: CheckResult) -> None:
             if finding["severity"] == "info":
                 continue
             out.print(f"{row['host']}: {finding['severity']}: {finding['sentence']} Fix: {finding['fix']}",
+                      markup=False, soft_wrap=True)
+    console = ui.stderr_console()
+    for line in result.errors:
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def _gb(mb: object) -> str:
+    return f"{int(mb) / 1024:.0f}" if isinstance(mb, int) else "-"
+
+
+def _render_ready(result: CheckResult) -> None:
+    rows = []
+    for row in result.hosts:
+        system, python, npus = row.get("system") or {}, row.get("python") or {}, row.get("npus") or {}
+        os_text = " ".join(str(p) for p in (system.get("os_id"), system.get("os_version")) if p) or "-"
+        npu_text = (f"{npus.get('count', 0)}" + (f" ({len(npus['unhealthy'])} not OK)" if npus.get("unhealthy") else "")
+                    if npus.get("present") else "no npu-smi")
+        rows.append([row["host"], row["status"], os_text, system.get("arch") or "-", system.get("kernel") or "-",
+                     _gb(system.get("mem_total_mb")), _gb(system.get("disk_free_mb")),
+                     f"{python.get('path') or '-'} {python.get('version') or '?'}", npu_text if npus else "-",
+                     str(len(row.get("blockers") or []))])
+    ui.print_table(f"dsctl check --ready: {len(result.hosts)} hosts", READY_COLUMNS, rows)
+    out = ui.stdout_console()
+    for row in result.hosts:
+        for blocker in row.get("blockers") or []:
+            out.print(f"{row['host']}: blocks provision: {blocker['sentence']} Fix: {blocker['fix']}",
                       markup=False, soft_wrap=True)
     console = ui.stderr_console()
     for line in result.errors:

@@ -6,6 +6,9 @@ the host unreachable, a full disk makes writes fail with ENOSPC and shows in df.
 ``uninstall --component driver|firmware`` runs the package's own uninstall.sh on
 the host, leaving the firmware-only or driver-only state a real server can be in
 (the firmware's upgrade record goes with its package, the flashed chips keep it).
+``os-openeuler`` makes the host report openEuler 22.03 with its Python 3.9 (/etc/os-release,
+and /usr/bin/python3 a stand-in), as the Atlas servers of the issue-12 dry run did; ``os-native`` (and
+``clear``) undo it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class FaultKind(StrEnum):
     disk_full = "disk-full"
     disk_free = "disk-free"
     uninstall = "uninstall"
+    os_openeuler = "os-openeuler"
+    os_native = "os-native"
     clear = "clear"
 
 
@@ -80,6 +85,56 @@ def _uninstall(paths: LabPaths, host: str, component: str) -> str:
     return f"{host}: {component} uninstalled by its own uninstall.sh ({left} unless the other was absent too)"
 
 
+# openEuler 22.03 LTS as it ships (tests/fixtures/os_release/openeuler-22.03) and its python3, 3.9.9.
+OPENEULER_OS_RELEASE = (
+    'NAME="openEuler"\nVERSION="22.03 LTS"\nID="openEuler"\nVERSION_ID="22.03"\n'
+    'PRETTY_NAME="openEuler 22.03 LTS"\nANSI_COLOR="0;31"\n'
+)
+# Answers --version as openEuler's python3 does and refuses everything else loudly: it must never let a step
+# pass that a real 3.9 would fail (a venv for a Python >= 3.10 stack), so it runs nothing at all.
+PYTHON39_STAND_IN = """#!/bin/sh
+case "$*" in
+  --version|-V) echo "Python 3.9.9"; exit 0 ;;
+esac
+echo "dsctl lab: /usr/bin/python3 is a Python 3.9.9 stand-in (lab fault os-openeuler); it runs nothing: $*" >&2
+exit 1
+"""
+# Inside the host: a small tmpfs holding the upper layer that replaces /usr/bin/python3 (the /usr/bin link of the
+# base system) and leaves every other /usr/bin file, python3.11 included, as it is.
+OS_LAYER = "/var/lib/dsctl-lab-os"
+_OS_ON = f"""set -e
+rm -f /etc/os-release
+printf '%s' "$1" > /etc/os-release
+mkdir -p {OS_LAYER}
+mountpoint -q {OS_LAYER} || mount -t tmpfs -o size=1m,mode=0755 dsctl-lab-os {OS_LAYER}
+mkdir -p {OS_LAYER}/upper {OS_LAYER}/work
+printf '%s' "$2" > {OS_LAYER}/upper/python3
+chmod 0755 {OS_LAYER}/upper/python3
+layers=lowerdir=/usr/bin,upperdir={OS_LAYER}/upper,workdir={OS_LAYER}/work
+mountpoint -q /usr/bin || mount -t overlay overlay -o "$layers" /usr/bin
+"""
+_OS_OFF = f"""set -e
+# lazily: this very shell runs from the overlaid /usr/bin
+if mountpoint -q /usr/bin; then umount -l /usr/bin; fi
+if mountpoint -q {OS_LAYER}; then umount -l {OS_LAYER}; fi
+rm -f /etc/os-release
+if [ -n "$1" ]; then ln -s "$1" /etc/os-release; else printf '%s' "$2" > /etc/os-release; fi
+"""
+
+
+def _set_os(paths: LabPaths, host: str, openeuler: bool) -> None:
+    if openeuler:
+        done = hosts.run_in_host(paths, host, ["sh", "-c", _OS_ON, "sh", OPENEULER_OS_RELEASE, PYTHON39_STAND_IN])
+    else:
+        # Back to the base system's file (Debian's /etc/os-release is a link into /usr/lib).
+        native = "/etc/os-release"
+        link = os.readlink(native) if os.path.islink(native) else ""
+        text = "" if link else open(native).read()  # noqa: SIM115 - a short read
+        done = hosts.run_in_host(paths, host, ["sh", "-c", _OS_OFF, "sh", link, text])
+    if done.returncode != 0:
+        raise UsageError(f"{host}: could not {'set' if openeuler else 'undo'} the OS: {done.stderr.strip()[-300:]}")
+
+
 def inject(paths: LabPaths, spec: LabSpec, host_name: str, kind: FaultKind, *, npu: int | None = None,
            health: str = "Critical", component: str = "any") -> str:
     host = _find_host(spec, host_name)
@@ -107,6 +162,10 @@ def inject(paths: LabPaths, spec: LabSpec, host_name: str, kind: FaultKind, *, n
     if kind is FaultKind.disk_free:
         _set_disk_limit(paths, host.name, spec.disk_gb * 1024**3)
         return f"{host.name}: disk back to {spec.disk_gb} GB"
+    if kind in (FaultKind.os_openeuler, FaultKind.os_native):
+        _set_os(paths, host.name, kind is FaultKind.os_openeuler)
+        return (f"{host.name}: reports openEuler 22.03 LTS, /usr/bin/python3 is Python 3.9.9"
+                if kind is FaultKind.os_openeuler else f"{host.name}: back to the lab's own OS")
     # clear: every fault off
     hw_dir = paths.hw_dir(host.name)
     with hwstate.locked(hw_dir):
@@ -117,4 +176,6 @@ def inject(paths: LabPaths, spec: LabSpec, host_name: str, kind: FaultKind, *, n
         hwstate.save_faults({}, hw_dir)
     hosts.set_link(host, up=True)
     _set_disk_limit(paths, host.name, spec.disk_gb * 1024**3)
+    if hosts.init_pid(paths, host.name) is not None:  # a powered-off host keeps its files until it runs again
+        _set_os(paths, host.name, openeuler=False)
     return f"{host.name}: all faults cleared"

@@ -8,6 +8,7 @@ tells a role that it talks to a lab.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from dsctl.lab.hosts import LabPaths
 from dsctl.lab.seed import REBOOT_COMMAND
 
 GROUP = "npu_nodes"
+LAB_MIN_MEMORY_GB = 2
+LAB_MIN_FREE_DISK_GB = 10
 
 
 def demo_service(npus: int) -> dict[str, Any]:
@@ -59,8 +62,10 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         "ansible_ssh_private_key_file": str(paths.client_key),
         # Host-key checking stays on: the lab wrote every host's key into this file.
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={paths.known_hosts} -o StrictHostKeyChecking=yes",
-        # Interpreter discovery can pick a pyenv shim that does not exist on the host.
-        "ansible_python_interpreter": "/usr/bin/python3",
+        # Interpreter discovery can pick a pyenv shim that does not exist on the host.  The real file, not the
+        # /usr/bin/python3 link: a host made to report openEuler 22.03 (`dsctl lab fault HOST os-openeuler`) has a
+        # Python 3.9 stand-in there, as a site whose system python3 is too old for Ansible's modules names another.
+        "ansible_python_interpreter": os.path.realpath("/usr/bin/python3"),
         "dsctl_npu_count": spec.npus,
         "dsctl_package_source": str(paths.packages),
         **manifest_pins(paths.packages),
@@ -73,6 +78,11 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         # The field guide's memory env against aclrtMalloc failed on long prompts (ASCEND_CACHE_SIZE=6000000000,
         # GE_USE_STATIC_MEMORY=1, ...; cli/dsctl/data/ascend_env.yaml, field-practice.md "Memory env").
         "dsctl_ascend_env_profile": "long-context",
+        # The lab runs Debian, which no Ascend table lists (a site can opt in the same way), on a machine far
+        # smaller than the guides' 64 GB RAM / 200 GB disk.
+        "dsctl_extra_supported_os": ["debian"],
+        "dsctl_min_memory_gb": LAB_MIN_MEMORY_GB,
+        "dsctl_min_free_disk_gb": min(LAB_MIN_FREE_DISK_GB, spec.disk_gb),
     }
     inventory = {
         "all": {

@@ -116,7 +116,19 @@ class HostSettings(BaseModel):
     dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
     dsctl_run_group: Annotated[AccountName, Field(description="a group name")] = "HwHiAiUser"
     dsctl_force_unhealthy: Annotated[Flag, Field(description=_FLAG)] = False
-    dsctl_min_free_disk_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 10
+    # The deployment guides' prerequisites (field-practice.md): >= 200 GB free disk, >= 64 GB RAM, kernel 5.10.
+    dsctl_min_free_disk_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 200
+    # --- interpreters and OS (dsctl.core.hostfacts.platform; checked in preflight and by check --ready)
+    dsctl_min_memory_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 64
+    dsctl_min_kernel_version: Annotated[Version, Field(description="a quoted kernel version such as \"5.10\"")] = "5.10"
+    # The interpreter the serving venv is made from; its version must be in the vllm-ascend row's range.
+    dsctl_serving_python: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/usr/bin/python3"
+    # OS families no Ascend table lists that this site accepts anyway (the lab: debian).
+    dsctl_extra_supported_os: Annotated[
+        list[Annotated[str, Field(strict=True, pattern=r"^[a-z0-9._-]{1,32}$")]],
+        Field(strict=True, description="a list of os-release IDs such as [debian]"),
+    ] = Field(default_factory=list)
+    # --- end interpreters and OS
     dsctl_ascend_env: Annotated[
         dict[str, Any], Field(strict=True, description="a mapping of VARIABLE: value")
     ] = Field(default_factory=dict)
