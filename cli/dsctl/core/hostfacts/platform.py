@@ -7,7 +7,11 @@ Each blocker is one sentence naming what the host has, what is needed and the fi
 Sources:
 - OS list: the Ascend HDK / CANN installation guides' "supported operating systems" tables for Atlas 800T/800I A2
   (openEuler, Kylin, EulerOS, Huawei Cloud EulerOS (HCE), Ubuntu, with the releases named below); dsctl
-  accepts any release of a named family where the table lists no release (marked so in the table).
+  accepts any release of a named family where the table lists no release (marked so in the table). Checked
+  against: CANN 8.0.0 release notes, "Software Installation" (Atlas 800T A2 gains CULinux 3.0, EulerOS 2.12,
+  Kylin V10 SP3; hiascend.com canncommercial/800 releasenote_0002), and MindX DL toolbox "Supported OSs", which
+  names each release's default kernel (Ubuntu 20.04: 5.4.0, EulerOS 2.8/2.10: 4.19, openEuler 20.03 LTS: 4.19,
+  openEuler 22.03: 5.10, Kylin V10: 4.19; hiascend.com mindx-dl/300 toolboxug_0007): the kernel floors below.
 - Kernel >= 5.10, RAM >= 64 GB, free disk >= 200 GB: the deployment guides' prerequisites
   (../shared/reference/field-practice.md, "Deployment steps the guides give"). An OS release whose own kernel is
   older (Kylin V10 ships 4.19, Ubuntu 20.04 5.4) is in Ascend's table with that kernel: the table's floor wins
