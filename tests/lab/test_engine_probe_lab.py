@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +18,7 @@ from .conftest import dsctl, requires_lab
 pytestmark = [pytest.mark.lab, requires_lab]
 
 PORT = 8000
+VLLM = "0.13.0+empty"  # the lab builds vllm as vllm-ascend installs it: a source build with a local version
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +26,19 @@ def engine_on_lab_host(bare_lab):
     """The engine installed on lab-01 from the lab's wheelhouse (the stand-in vllm wheel carries it) and
     started over SSH, as a site would start any serving process; the controller's files are not visible there."""
     host = next(h for h in bare_lab.spec.members if h.name == "lab-01")
-    wheel = next((bare_lab.paths.packages / "wheels").glob("vllm-0.13.0-*.whl"))
+    wheels = bare_lab.paths.packages / "wheels"
+    # The stand-in vllm has dependencies, as the real one does: pip on the controller names the closure.
+    with tempfile.TemporaryDirectory() as closure:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-index", "--find-links", str(wheels),
+                        "--dest", closure, f"vllm=={VLLM}"], check=True, timeout=120,
+                       env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"})
+        names = sorted(path.name for path in Path(closure).glob("*.whl"))
+    assert any(name.startswith("numpy-") for name in names), names
     bare_lab.sh_ok("lab-01", "mkdir -p /root/wheels")
-    uploaded = bare_lab.upload("lab-01", f"wheels/{wheel.name}")
-    bare_lab.sh_ok("lab-01", f"python3 -m venv /root/engine-venv && PIP_CONFIG_FILE=/dev/null "
-                             f"/root/engine-venv/bin/pip install -q --no-index {uploaded}")
+    for name in names:
+        bare_lab.upload("lab-01", f"wheels/{name}")
+    bare_lab.sh_ok("lab-01", "python3 -m venv /root/engine-venv && PIP_CONFIG_FILE=/dev/null /root/engine-venv/bin/pip "
+                             f"install -q --no-index --find-links /root/wheels 'vllm=={VLLM}'")
     command = (
         "setsid /root/engine-venv/bin/python -m dsctl.engine serve deepseek-r1-distill-qwen-7b "
         f"--port {PORT} "
