@@ -11,15 +11,9 @@ from dsctl.app import main
 from dsctl.core.load import limits
 
 from ..unit.test_bounds import billion_laughs
+from .test_probe_cli import one_error_line
 
 URL = "http://127.0.0.1:9"  # nothing listens: a refusal that came after the first request would exit 1
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("dsctl: error: "), err
-    return lines[0]
 
 
 @pytest.mark.parametrize("args, needle", [
