@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 
 try:
     from dsctl.adapters.ansible_values import plain as _plain
-    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, wheel_lock
+    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, sha256sums, wheel_lock
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate, platform
     from dsctl.errors import DsctlError
@@ -29,8 +29,6 @@ except ImportError as missing:  # ansible-playbook run outside dsctl's environme
     IMPORT_ERROR: str | None = str(missing)
 else:
     IMPORT_ERROR = None
-
-CHECKSUM_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(\S+)$")
 
 
 def _require_core() -> None:
@@ -102,17 +100,14 @@ def host_settings(host_vars) -> dict:
         raise AnsibleFilterError(str(problem)) from None
 
 
-def parse_sha256sums(text: str) -> dict:
-    """`sha256sum` manifest text -> {file name: hex digest}; malformed lines are an error, not skipped."""
-    sums = {}
-    for number, line in enumerate(str(text).splitlines(), start=1):
-        if not line.strip():
-            continue
-        found = CHECKSUM_LINE.match(line.strip())
-        if not found:
-            raise AnsibleFilterError(f"SHA256SUMS line {number} is not '<sha256>  <file>': {line[:80]!r}")
-        sums[found.group(2)] = found.group(1).lower()
-    return sums
+def parse_sha256sums(text) -> dict:
+    """`sha256sum` manifest text -> {file name: hex digest} (dsctl.core.fleet.sha256sums: a malformed line is
+    an error, not skipped)."""
+    _require_core()
+    try:
+        return sha256sums.parse(str(text))
+    except DsctlError as problem:
+        raise AnsibleFilterError(str(problem)) from None
 
 
 def _wheels_for(name: str, version: str, sums: dict) -> dict[str, str]:

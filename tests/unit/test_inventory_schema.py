@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dsctl.core.fleet.inventory_schema import HostSettings, InventoryError, validate_fleet, validate_host_vars
-from dsctl.errors import ExitStatus
+from dsctl.errors import DsctlError, ExitStatus
 
 SITE = {"dsctl_npu_count": 8, "dsctl_package_source": "/srv/ascend-packages",
         "ansible_host": "192.0.2.11", "ansible_user": "root", "some_other_tool_setting": 1}
@@ -272,3 +274,7 @@ def test_upgrade_reads_a_pinned_manifest_only_when_its_digest_matches(tmp_path):
     assert list(read_package_sums(str(tmp_path), pin)) == ["Ascend-cann-toolkit_8.5.0_linux-x86_64.run"]
     with pytest.raises(ValueError, match=f"the inventory pins {PIN}; the source is refused"):
         read_package_sums(str(tmp_path), PIN)
+    (tmp_path / "SHA256SUMS").write_bytes(manifest + b"truncated  line\n")
+    where = re.escape(f"{tmp_path}/SHA256SUMS")
+    with pytest.raises(DsctlError, match=f"^{where} line 2 is not .*; regenerate it with sha256sum$"):
+        read_package_sums(str(tmp_path))

@@ -6,7 +6,7 @@ import pytest
 
 from dsctl import data
 from dsctl.core.upgrade import gate
-from dsctl.core.upgrade.plan import BatchSize, Versions, current_versions, make_batches, parse_sha256sums, plan_upgrade
+from dsctl.core.upgrade.plan import BatchSize, Versions, current_versions, make_batches, plan_upgrade
 from dsctl.core.upgrade.state import ROLLED_BACK, StateError, UpgradeState
 from dsctl.errors import ExitStatus, UsageError
 
@@ -123,11 +123,6 @@ def test_current_versions_come_from_the_check_report(releases):
                            "firmware": {"installed": "7.8.0.2.212"}, "cann": {"active": "8.3.RC2"},
                            "vllm_ascend": "0.11.0"}}
     assert current_versions(releases, report) == OLD
-
-
-def test_sha256sums_parse():
-    text = f"{'a' * 64}  one.run\n{'B' * 64} *two.run\nnot a line\n"
-    assert parse_sha256sums(text) == {"one.run": "a" * 64, "two.run": "b" * 64}
 
 
 # ----------------------------------------------------------------------------------------------------- gate

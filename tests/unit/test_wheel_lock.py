@@ -11,7 +11,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from dsctl import data
-from dsctl.core.fleet import inventory_schema, wheel_lock
+from dsctl.core.fleet import inventory_schema, sha256sums, wheel_lock
 from dsctl.core.fleet.matrix import release_pins, resolve_stack
 from dsctl.core.fleet.stack import serving_venv_name
 from dsctl.errors import DsctlError
@@ -116,6 +116,15 @@ def test_wheel_files_of_a_pin_are_found_by_pep_440_not_by_prefix():
     # The installed venv: a source-built vllm and a CPU torch meet their pins; a missing one drifts.
     assert FILTERS.pin_drift({"torch": "2.8.0", "vllm": "0.13.0", "triton-ascend": "3.2.0"},
                              {"torch": "2.8.0+cpu", "vllm": "0.13.0+empty"}) == ["triton-ascend"]
+
+
+def test_the_manifest_filter_reads_as_the_core_does_and_refuses_a_broken_manifest(tmp_path):
+    wheelhouse.build_wheelhouse(tmp_path, RELEASES)
+    text = (tmp_path / "SHA256SUMS").read_text()
+    assert FILTERS.parse_sha256sums(text) == sha256sums.parse(text) != {}
+    with pytest.raises(AnsibleFilterError, match=r"^SHA256SUMS line 2 is not '<sha256>  <file name>': 'torch.whl'; "
+                                                 r"regenerate it with sha256sum$"):
+        FILTERS.parse_sha256sums(f"{DIGEST}  vllm.whl\ntorch.whl\n")
 
 
 def test_lock_text_round_trips_and_bad_locks_are_one_line_errors():

@@ -52,6 +52,7 @@ from pathlib import Path
 import yaml
 
 import dsctl
+from dsctl.core.fleet import sha256sums
 from dsctl.lab.wheelhouse import build_wheelhouse
 
 DSCTL_DIR = Path(dsctl.__file__).resolve().parent
@@ -279,9 +280,7 @@ def build_packages(out_dir: Path, arch: str = platform.machine(), releases: dict
         temp.chmod(0o755)
         os.replace(temp, path)
         written.append(path)
-    sums = "".join(
-        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(written, key=lambda p: p.name)
-    )
+    sums = sha256sums.render({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in written})
     (out_dir / "SHA256SUMS").write_text(sums)
     return written + build_wheelhouse(out_dir / "wheels", releases, arch)
 

@@ -75,7 +75,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from dsctl.core.fleet import wheel_lock
+from dsctl.core.fleet import sha256sums, wheel_lock
 from dsctl.core.fleet.matrix import row_pins
 
 FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
@@ -268,8 +268,7 @@ def build_wheelhouse(out_dir: Path, releases: dict, arch: str = "x86_64") -> lis
     for relative, html in simple_index(sums).items():
         (out_dir / relative).parent.mkdir(parents=True, exist_ok=True)
         _write_atomically(out_dir / relative, html.encode())
-    manifest = "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items()))
-    _write_atomically(out_dir / SUMS_FILE, manifest.encode())
+    _write_atomically(out_dir / SUMS_FILE, sha256sums.render(sums).encode())
     return written
 
 

@@ -46,13 +46,13 @@ from dsctl import data
 from dsctl.adapters import ansible_run
 from dsctl.adapters import gateway as gateway_adapter
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.fleet import sha256sums
 from dsctl.core.upgrade import gate
 from dsctl.core.upgrade.plan import (
     BatchSize,
     UpgradePlan,
     Versions,
     current_versions,
-    parse_sha256sums,
     plan_upgrade,
 )
 from dsctl.core.upgrade.state import DONE, ROLLED_BACK, STAGES, StateError, UpgradeState
@@ -411,7 +411,8 @@ def _instances(fleet: Fleet) -> dict[str, list[PlannedInstance]]:
 def read_package_sums(source: str, pin: str | None = None) -> dict[str, str]:
     """The package source's SHA256SUMS (a directory on the controller or an http(s) URL); {} when absent. For a
     directory, only the packages whose file is there too (the roles verify each digest when they fetch it).
-    ``pin`` (dsctl_package_manifest_sha256): a manifest whose bytes have another sha256 raises ValueError."""
+    ``pin`` (dsctl_package_manifest_sha256): a manifest whose bytes have another sha256 raises ValueError; a
+    malformed one raises DsctlError (dsctl.core.fleet.sha256sums, as strict as provisioning's reading of it)."""
     location = f"{str(source).rstrip('/')}/SHA256SUMS"
     remote = location.startswith(("http://", "https://"))
     try:
@@ -427,7 +428,7 @@ def read_package_sums(source: str, pin: str | None = None) -> dict[str, str]:
         raise ValueError(f"dsctl_package_manifest_sha256: {location} has sha256 {got}, the inventory pins {pin}; "
                          "the source is refused (changed or tampered with): if its packages were updated on purpose, "
                          "pin the new `sha256sum SHA256SUMS`")
-    sums = parse_sha256sums(raw.decode("utf-8", "replace"))
+    sums = sha256sums.parse(raw.decode("utf-8", "replace"), location)
     return sums if remote else {name: digest for name, digest in sums.items() if (Path(source) / name).is_file()}
 
 
@@ -480,8 +481,8 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
                         for settings in fleet.settings.values()}:
         try:
             sums.update(read_package_sums(source, pin))
-        except ValueError as mismatch:
-            problems.append(str(mismatch))
+        except (ValueError, DsctlError) as unusable:  # reported with the plan's other problems
+            problems.append(str(unusable))
     plan = plan_upgrade(releases, hosts, current=current, desired=desired, overrides=inputs.overrides(), arch=arch,
                         package_sums=sums, batch=BatchSize.parse(inputs.batch), canary=inputs.canary,
                         disk_free_mb=free)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsctl.adapters import pip_download
-from dsctl.core.fleet import wheel_lock
+from dsctl.core.fleet import sha256sums, wheel_lock
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
 SUMS_FILE = "SHA256SUMS"
@@ -141,7 +141,7 @@ def write_sums(out: Path) -> int:
     """SHA256SUMS over every wheel and lock in ``out``; the number of wheels."""
     files = sorted(p for p in out.iterdir() if p.is_file() and (p.suffix == ".whl" or (
         p.name.startswith(wheel_lock.LOCK_PREFIX) and p.name.endswith(wheel_lock.LOCK_SUFFIX))))
-    text = "".join(f"{_sha256(p)}  {p.name}\n" for p in files)
+    text = sha256sums.render({p.name: _sha256(p) for p in files})
     temp = out / f".{SUMS_FILE}.tmp"
     temp.write_text(text)
     os.replace(temp, out / SUMS_FILE)

@@ -277,13 +277,3 @@ def _hdk_text(item: HostUpgrade) -> str:
     parts = [f"{key} {getattr(item.source, key)} -> {getattr(item.target, key)}"
              for key in ("driver", "firmware") if key in item.changes]
     return ", ".join(parts)
-
-
-def parse_sha256sums(text: str) -> dict[str, str]:
-    """``<hex>  <file>`` lines (sha256sum's format, ``*`` binary marker allowed) -> {file: hex}."""
-    sums = {}
-    for line in text.splitlines():
-        parts = line.strip().split(None, 1)
-        if len(parts) == 2 and re.fullmatch(r"[0-9a-fA-F]{64}", parts[0]):
-            sums[parts[1].lstrip("*").strip()] = parts[0].lower()
-    return sums
