@@ -17,6 +17,7 @@ import pytest
 from dsctl.adapters import ssh
 from dsctl.core.lab.plan import LabSpec
 from dsctl.lab.hosts import LabPaths, load_spec
+from dsctl.lab.packages import load_releases
 
 LAB_ROOT = Path("/run/dsctl/test-lab")
 
@@ -102,6 +103,14 @@ class Lab:
 
     def status(self) -> dict:
         return json.loads(dsctl("lab", "status", "--json", check=False).stdout)
+
+
+def default_hdk_and_cann() -> tuple[str, ...]:
+    """`lab up` flags that preinstall the default stack's HDK and CANN (releases.yaml default_stack): a lab whose
+    tests are about deploying, not installing, then provisions only the serving venv. Fresh installs are tested
+    in test_provision_bare.py."""
+    default = load_releases()["default_stack"]
+    return ("--driver", default["driver"], "--firmware", default["firmware"], "--cann", default["cann"])
 
 
 def bring_up(*args: str) -> Lab:

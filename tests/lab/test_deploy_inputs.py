@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import bring_up, dsctl, requires_lab
+from .conftest import bring_up, default_hdk_and_cann, dsctl, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
@@ -35,7 +35,7 @@ def service(**changes) -> dict:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The lab inventory as a site's directory: hosts.yml, and the key in an ansible-vault encrypted file."""
-    lab = bring_up("--hosts", "1")
+    lab = bring_up("--hosts", "1", *default_hdk_and_cann())
     result = dsctl("provision", str(lab.inventory), check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     directory = tmp_path_factory.mktemp("site")

@@ -22,7 +22,7 @@ import yaml
 
 from dsctl.adapters import gateway
 
-from .conftest import LAB_ROOT, bring_up, dsctl, requires_lab
+from .conftest import LAB_ROOT, bring_up, default_hdk_and_cann, dsctl, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
@@ -49,8 +49,7 @@ def gateway_inventory(lab, directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def gateway_lab(tmp_path_factory):
-    # The default stack's HDK and CANN preinstalled: provision only adds the serving venv.
-    lab = bring_up("--hosts", "3", "--driver", "25.5.0", "--firmware", "7.8.0.5.216", "--cann", "8.5.0")
+    lab = bring_up("--hosts", "3", *default_hdk_and_cann())
     path = gateway_inventory(lab, tmp_path_factory.mktemp("gateway"))
     try:
         result = dsctl("provision", str(path), check=False)

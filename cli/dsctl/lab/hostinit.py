@@ -32,7 +32,10 @@ from dsctl.core.hostfacts.versionfiles import parse_key_value
 from dsctl.emu import hwstate
 
 # Directories a role or installer writes to; each host gets its own view of them.
-OVERLAID_DIRS = ("etc", "usr/local", "opt", "var", "home", "root")
+OVERLAID_DIRS = ("etc", "usr/local", "opt", "var", "home")
+# Directories a host has of its own, with nothing of the controller's below: root's home (a fresh server's root
+# has the distribution's dotfiles, not the controller user's shell setup, PATH or tools).
+OWN_DIRS = ("root",)
 RUNTIME_DIRS = ("/run", "/tmp", "/dev/shm")
 DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -66,7 +69,7 @@ def _run(*cmd: str, **kwargs) -> None:
 
 
 def mount_disk(host_dir: Path) -> None:
-    """Overlay each system directory with this host's upper layer (done once per power-on)."""
+    """Overlay each system directory with this host's upper layer, bind its own ones (done once per power-on)."""
     disk = host_dir / "disk"
     for directory in OVERLAID_DIRS:
         upper, work = disk / "upper" / directory, disk / "work" / directory
@@ -74,6 +77,10 @@ def mount_disk(host_dir: Path) -> None:
         work.mkdir(parents=True, exist_ok=True)
         _run("mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir=/{directory},upperdir={upper},workdir={work}", f"/{directory}")
+    for directory in OWN_DIRS:
+        own = disk / "upper" / directory
+        own.mkdir(parents=True, exist_ok=True)
+        _run("mount", "--bind", str(own), f"/{directory}")
 
 
 def mount_runtime(hw_fd: int) -> str:

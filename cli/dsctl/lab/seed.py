@@ -6,12 +6,15 @@ them at their usual paths and nobody else does.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 
 from dsctl.lab import keys
 
 REBOOT_COMMAND = "/usr/local/sbin/dsctl-lab-reboot"
+# What a new home starts with on the controller's distribution (root's home is the host's own, see hostinit).
+SKELETON = Path("/etc/skel")
 
 # sshd as a hardened real host runs it: keys only, root by key, one host key of its own.
 SSHD_CONFIG = """\
@@ -63,6 +66,8 @@ def seed_host_disk(upper: Path, *, hostname: str, address: str, authorized_key: 
     _write(etc / "machine-id", uuid.uuid4().hex + "\n", 0o444)
     _write(etc / "ssh" / "sshd_config", SSHD_CONFIG.format(hostname=hostname, address=address))
     host_key = keys.write_ed25519_keypair(etc / "ssh" / "ssh_host_ed25519_key", f"root@{hostname}")
+    if SKELETON.is_dir():
+        shutil.copytree(SKELETON, upper / "root", symlinks=True, dirs_exist_ok=True)
     root_ssh = upper / "root" / ".ssh"
     _write(root_ssh / "authorized_keys", authorized_key + "\n", 0o600)
     root_ssh.chmod(0o700)
