@@ -11,3 +11,58 @@ from __future__ import annotations
 import signal
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Seconds each test file took in one worker (bench/suite.py prints them; tests/lab/README.md lists the lab stories).
+# Only the order in which pytest-xdist hands out files depends on it: the longest first, so that no long lab
+# story starts last and runs alone at the end.  A file not listed counts as short.
+FILE_SECONDS = {
+    "tests/lab/test_upgrade.py": 880,
+    "tests/lab/test_deploy.py": 450,
+    "tests/lab/test_provision_upgrade.py": 330,
+    "tests/lab/test_provision_bare.py": 250,
+    "tests/lab/test_gateway.py": 200,
+    "tests/lab/test_cann_switch.py": 200,
+    "tests/lab/test_wheelhouse.py": 120,
+    "tests/static/test_lint.py": 100,
+    "tests/lab/test_lab_bare.py": 60,
+    "tests/lab/test_deploy_inputs.py": 60,
+    "tests/lab/test_lab_installed.py": 50,
+    "tests/lab/test_lab_errors.py": 40,
+    "tests/lab/test_ansible_run_lab.py": 40,
+    "tests/lab/test_lab_snapshot.py": 30,
+    "tests/lab/test_packages.py": 30,
+    "tests/lab/test_engine_probe_lab.py": 20,
+}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Longest files first, each file's tests in their own order (lab stories run in file order)."""
+    def cost(item) -> float:
+        return FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0.0)
+
+    items[:] = sorted(items, key=lambda item: -cost(item))  # sorted() is stable: a file's order is kept
+
+
+_FILE_TIMES: dict[str, list[float]] = {}  # test file -> [seconds in setup + call + teardown, tests]
+
+
+def pytest_runtest_logreport(report):
+    """Adds up each file's time (on the xdist controller too, which gets every worker's reports)."""
+    entry = _FILE_TIMES.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0])
+    entry[0] += report.duration
+    if report.when == "call":
+        entry[1] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The time of every test file, longest first: what each lab story costs (its tests' setup, calls and
+    teardown, including bringing its lab up and down), so that the next change can see what it adds."""
+    if not _FILE_TIMES:
+        return
+    terminalreporter.section("time per test file (setup + tests + teardown)")
+    rows = sorted(_FILE_TIMES.items(), key=lambda item: -item[1][0])
+    for path, (seconds, tests) in rows:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {tests:5d} tests  {path}")
+    total = sum(seconds for seconds, _ in _FILE_TIMES.values())
+    terminalreporter.write_line(f"{total:8.1f} s  in all test files (workers side by side: the wall time is less)")

@@ -133,6 +133,26 @@ def test_artifacts_default_under_xdg_state_and_pruned(tmp_path, monkeypatch):
     assert ansible_run.runs_dir() == tmp_path / "home" / ".local" / "state" / "dsctl" / "runs"
 
 
+def test_a_run_of_another_live_dsctl_is_never_pruned(tmp_path, monkeypatch):
+    """dsctl commands side by side (two fleets, parallel test labs) must not delete each other's runs midway."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        theirs = ansible_run.new_artifacts_dir("deploy.yml")
+        start = ansible_run._process_start(other.pid)
+        (theirs / ansible_run.OWNER_FILE).write_text(f"{other.pid} {start}\n")  # as the other process wrote it
+        gone = ansible_run.new_artifacts_dir("deploy.yml")
+        (gone / ansible_run.OWNER_FILE).write_text(f"{other.pid} 1\n")  # an earlier process with that pid
+        made = [ansible_run.new_artifacts_dir("provision.yml") for _ in range(ansible_run.KEEP_RUNS + 2)]
+        runs = sorted((tmp_path / "state" / "dsctl" / "runs").iterdir())
+        assert theirs in runs and gone not in runs
+        assert runs == sorted([theirs, *made[-ansible_run.KEEP_RUNS:]])
+    finally:
+        other.communicate(b"")
+    ansible_run.new_artifacts_dir("provision.yml")  # the other process ended: its run goes like any other
+    assert theirs not in sorted((tmp_path / "state" / "dsctl" / "runs").iterdir())
+
+
 def test_control_path_dir_is_short(tmp_path):
     long_dir = tmp_path / ("x" * 60)
     long_dir.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -220,15 +221,15 @@ def test_http_errors_are_classified_and_all_failed_exits_1(scripted, capsys):
 # -- against the emulated engine ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+@contextlib.contextmanager
+def serving_engine(directory: Path, time_scale: str):
     if not HAVE_ENGINE:
         pytest.skip("the emulated engine (python -m dsctl.engine) is not in this tree yet")
-    record = tmp_path_factory.mktemp("engine") / "record.jsonl"
+    record = directory / "record.jsonl"
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "dsctl.engine", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--model", ENGINE_MODEL, "--time-scale", "0.01", "--startup", "0", "--record", str(record)],
+         "--model", ENGINE_MODEL, "--time-scale", time_scale, "--startup", "0", "--record", str(record)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -255,7 +256,17 @@ def engine(tmp_path_factory):
             proc.wait()
 
 
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    with serving_engine(tmp_path_factory.mktemp("engine"), "0.01") as served:
+        yield served
+
+
 def run_json(capsys, *args: str) -> tuple[int, dict]:
+    # The engine runs 100x faster than modelled time only so that its requests are cheap: these tests judge wall
+    # time, which --time-scale 1 asks for (without it the probe takes the engine's own scale; see the test below).
+    if "--time-scale" not in args:
+        args = (*args, "--time-scale", "1")
     code = main(["probe", *args, "--json"])
     out = capsys.readouterr().out
 
@@ -310,6 +321,24 @@ def test_real_run_table_and_goodput(engine, capsys):
                   "Request throughput (req/s)", "Output token throughput (tok/s)", "Total Token throughput (tok/s)",
                   "Request goodput (req/s)", "TTFT (ms)", "TPOT (ms)", "ITL (ms)", "E2EL (ms)", "SLO p90: met"):
         assert label in out, label
+
+
+def test_a_time_scaled_engine_is_judged_in_modelled_time(capsys, tmp_path):
+    """Without --time-scale the probe asks the engine (its /version says 0.25): the rate it offers, the duration
+    and every latency are modelled, and the run takes a quarter of the modelled time."""
+    with serving_engine(tmp_path, "0.25") as (url, _):
+        started = time.monotonic()
+        code, env = run_json(capsys, url, "--rate", "4", "--arrival", "constant", "--requests", "16",
+                             "--output-tokens", "8", "--prompt-tokens", "32", "--time-scale", "auto")
+        wall = time.monotonic() - started
+    assert code == 0, env["errors"]
+    metrics, config = env["data"]["metrics"], env["data"]["config"]
+    assert config["time_scale"] == 0.25
+    # 16 requests 0.25 modelled seconds apart: 3.75 s modelled plus the last one's latency, in about a quarter
+    assert 3.7 < metrics["duration_s"] < 4.6 and metrics["request_throughput"] == pytest.approx(4, rel=0.15)
+    assert wall < 2.5
+    # a modelled TTFT of a 32-token prompt on one NPU: milliseconds to tens of them, never the wall's ~0.1 ms
+    assert 1 < metrics["ttft_ms"]["median"] < 200
 
 
 def test_early_stop_ends_a_hopeless_probe_with_exit_6(engine, capsys):

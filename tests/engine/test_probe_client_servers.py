@@ -503,7 +503,8 @@ def test_a_rate_sweep_on_the_engine_gives_rows_monotone_in_offered_load_a_knee_a
     out = tmp_path / "run"
     result = probe_verb(HttpProber(), ProbeConfig(
         url=f"http://127.0.0.1:{engine.port}", api_key=KEY, model=MODEL, sweep="rate=4:16:3", arrival="constant",
-        requests=10, output_tokens="6", prompt_tokens="32", timeout=20, run_dir=out, csv=tmp_path / "s.csv"))
+        requests=10, output_tokens="6", prompt_tokens="32", timeout=20, run_dir=out, csv=tmp_path / "s.csv",
+        time_scale=1.0))  # wall time: the engine runs 100x faster only to be cheap
     assert result.exit_status == ExitStatus.OK, result.errors
     sw = result.data["sweep"]
     rows = sw["rows"]
@@ -538,7 +539,8 @@ def test_a_trace_is_replayed_at_its_timestamps_on_the_engine(engine, tmp_path):
                              + "\n" for i, t in enumerate(stamps)))
     record = tmp_path / "r.jsonl"
     result = probe_verb(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{engine.port}", api_key=KEY, model=MODEL,
-                                                  dataset=trace, timeout=20, record=record))
+                                                  dataset=trace, timeout=20, record=record,
+                                                  time_scale=1.0))  # the trace's own seconds, in wall time
     assert result.exit_status == ExitStatus.OK, result.errors
     assert result.data["config"]["arrival"] == "trace" and result.data["metrics"]["completed"] == 5
     lines = [json.loads(line) for line in record.read_text().splitlines()]

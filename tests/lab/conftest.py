@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,24 @@ from dsctl.core.lab.plan import LabSpec
 from dsctl.lab.hosts import LabPaths, load_spec
 from dsctl.lab.packages import load_releases
 
-LAB_ROOT = Path("/run/dsctl/test-lab")
+
+def _worker_index() -> int:
+    """pytest-xdist's worker number (gw0 -> 0), 0 when the suite runs in one process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+# Each pytest worker has a lab of its own (`dsctl lab up --name`): its own bridge, subnet, namespaces and state
+# directory, so lab modules run side by side and none touches the default lab a developer may have up.
+WORKER = _worker_index()
+LAB_NAME = f"t{chr(ord('a') + WORKER)}"
+LAB_ROOT = Path(f"/run/dsctl/test-{LAB_NAME}")
+LAB_SUBNET = f"10.78.{100 + WORKER}.0/24"
+
+
+def address(host: str) -> str:
+    """The lab address of `lab-NN` in this worker's lab (dsctl.core.lab.plan: hosts from .11)."""
+    return f"10.78.{100 + WORKER}.{10 + int(host.removeprefix('lab-'))}"
 
 
 def lab_capable() -> bool:
@@ -47,7 +65,7 @@ def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT,
     A run that outlives ``timeout`` is interrupted as a user would (SIGINT: dsctl stops its playbook, so
     nothing keeps changing lab hosts under the next test) and fails with where it was stuck.
     """
-    env = {**os.environ, "DSCTL_LAB_ROOT": str(root), "COLUMNS": "200"}
+    env = {**os.environ, "DSCTL_LAB_ROOT": str(root), "DSCTL_LAB_NAME": LAB_NAME, "COLUMNS": "200"}
     argv = [sys.executable, "-m", "dsctl", *args]
     with subprocess.Popen(argv, text=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         try:
@@ -114,20 +132,20 @@ def default_hdk_and_cann() -> tuple[str, ...]:
 
 
 def bring_up(*args: str) -> Lab:
-    result = dsctl("lab", "up", *args)
+    result = dsctl("lab", "up", *args, *(() if "--subnet" in args else ("--subnet", LAB_SUBNET)))
     inventory = Path(result.stdout.strip().splitlines()[-1])
-    paths = LabPaths(LAB_ROOT)
+    paths = LabPaths(LAB_ROOT, LAB_NAME)
     spec = load_spec(paths)
     assert spec is not None
     return Lab(paths, spec, inventory)
 
 
-def lab_leftovers(root: Path = LAB_ROOT) -> dict[str, list[str]]:
-    """Everything a lab could leave behind on this machine."""
+def lab_leftovers(root: Path = LAB_ROOT, name: str = LAB_NAME) -> dict[str, list[str]]:
+    """Everything this worker's lab could leave behind on this machine (other labs may run beside it)."""
     netns = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-             .stdout.splitlines() if line.startswith("dsctl-lab-")]
+             .stdout.splitlines() if line.startswith(f"dsctl-{name}-")]
     links = [line for line in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
-             .stdout.splitlines() if "dsctl-lab0" in line or ": dlab" in line]
+             .stdout.splitlines() if f"dsctl-{name}0" in line or re.search(rf": d{name}\d+[@:]", line)]
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if line.split()[4].startswith(str(root))]
     processes = []

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import bring_up, dsctl, requires_lab
+from .conftest import address, bring_up, dsctl, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
-HOST, ADDRESS = "lab-01", "10.78.0.11"
+HOST, ADDRESS = "lab-01", address("lab-01")
 DRIVER, FIRMWARE = "25.3.rc1", "7.8.0.2.212"
 A = {"cann": "8.3.RC2", "vllm_ascend": "v0.11.0", "kernels": "kernels-910b"}
 B = {"cann": "8.5.0", "vllm_ascend": "v0.13.0", "kernels": "910b-ops"}

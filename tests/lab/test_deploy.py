@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import LAB_ROOT, bring_up, default_hdk_and_cann, dsctl, requires_lab
+from .conftest import LAB_ROOT, address, bring_up, default_hdk_and_cann, dsctl, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
@@ -92,6 +92,8 @@ def test_two_instances_per_host_serve_and_an_unchanged_deploy_restarts_nothing(s
     assert code == 0
     assert {r["status"] for r in report["data"]["instances"]} == {"unchanged"}
     assert pids(lab) == before
+    # the state the module's last deploy story goes back to (test_a_snapshot_restore_...)
+    dsctl("lab", "snapshot", "save", "two-services")
 
 
 def test_changing_one_parameter_restarts_only_that_instance(served_lab):
@@ -120,7 +122,7 @@ def test_a_config_that_cannot_start_is_rolled_back_and_the_old_one_serves(served
     errors = " ".join(report["errors"])
     assert "b-0: the new configuration failed" in errors and "rolled back" in errors
     assert "memory" in errors.lower()
-    result = probe("http://10.78.0.11:8001")
+    result = probe(f"http://{address('lab-01')}:8001")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--max-num-seqs 16" in lab.sh_ok("lab-01", "cat /etc/dsctl/services/b-0/launch.sh")
     assert "gpu-memory-utilization" not in lab.sh_ok("lab-01", "cat /etc/dsctl/services/b-0/launch.sh")
@@ -134,12 +136,13 @@ def test_an_api_key_is_required_when_set_and_never_shown(served_lab):
     assert result.returncode == 0, result.stdout + result.stderr
     assert KEY not in result.stdout + result.stderr
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen("http://10.78.0.12:8000/v1/models", timeout=10)
+        urllib.request.urlopen(f"http://{address('lab-02')}:8000/v1/models", timeout=10)
     assert refused.value.code == 401
-    request = urllib.request.Request("http://10.78.0.12:8000/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    request = urllib.request.Request(f"http://{address('lab-02')}:8000/v1/models",
+                                     headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
-    assert probe("http://10.78.0.12:8000", "--api-key", KEY).returncode == 0
+    assert probe(f"http://{address('lab-02')}:8000", "--api-key", KEY).returncode == 0
     mode = lab.sh_ok("lab-02", "stat -c %a /etc/dsctl/services/a-0/service.env").strip()
     assert mode == "600"
     rendered = dsctl("deploy", str(path), "--render", "--limit", "lab-02")
@@ -221,7 +224,7 @@ def test_a_failing_backup_stops_the_deploy_before_the_instance_is_touched(served
         assert pids(lab)[("lab-02", "dsctl-b-0")] == before  # the old process still serves
         assert lab.sh_ok("lab-02", f"cat {CONFIG}/b-0/launch.sh") == launch
         assert instance_state(lab, "lab-02", "b-0")["pending"] is None
-        assert probe("http://10.78.0.12:8001").returncode == 0
+        assert probe(f"http://{address('lab-02')}:8001").returncode == 0
     finally:
         lab.sh_ok("lab-02", f"rm -f {CONFIG}/b-0/.dsctl-good")
 
@@ -288,7 +291,7 @@ def test_sigkill_of_dsctl_during_the_health_wait_is_finished_by_the_next_deploy(
     assert state["pending"] is None and state["fingerprint"] not in ("", good)  # the candidate passed the gate
     assert "--max-num-seqs 8" in lab.sh_ok("lab-01", f"cat {CONFIG}/b-0/launch.sh")
     assert verify_snapshot(lab, "lab-01", "b-0", good) == kept  # the last good backup is intact
-    assert probe("http://10.78.0.11:8001").returncode == 0
+    assert probe(f"http://{address('lab-01')}:8001").returncode == 0
 
 
 def test_an_interrupted_rollout_no_longer_declared_is_undone_through_the_gate(served_lab):
@@ -305,7 +308,7 @@ def test_an_interrupted_rollout_no_longer_declared_is_undone_through_the_gate(se
     state = instance_state(lab, "lab-01", "b-0")
     assert state["fingerprint"] == good and state["pending"] is None
     size = int(lab.sh_ok("lab-01", "stat -c %s /var/log/dsctl/b-0.log"))
-    assert probe("http://10.78.0.11:8001").returncode == 0
+    assert probe(f"http://{address('lab-01')}:8001").returncode == 0
     assert "'max_num_seqs': 8" in lab.sh_ok("lab-01", "grep non-default /var/log/dsctl/b-0.log | tail -n 1")
     assert size > 0
 
@@ -331,7 +334,7 @@ def test_a_service_removed_from_the_inventory_is_stopped_and_archived(served_lab
     assert statuses(report) == {("lab-02", "a-0"): "unchanged"}
     assert "no such process" in lab.sh("lab-02", "supervisorctl status dsctl-b-0").stdout.lower()
     with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen("http://10.78.0.12:8001/health", timeout=5)
+        urllib.request.urlopen(f"http://{address('lab-02')}:8001/health", timeout=5)
     assert lab.sh("lab-02", "test -e /etc/supervisor/conf.d/dsctl-b-0.conf").exit_code != 0
     assert lab.sh("lab-02", f"test -e {CONFIG}/b-0").exit_code != 0
     archived = lab.sh_ok("lab-02", f"ls -d {CONFIG}/.dsctl-retired/b-0-*").split()
@@ -339,9 +342,36 @@ def test_a_service_removed_from_the_inventory_is_stopped_and_archived(served_lab
     kept = lab.sh_ok("lab-02", f"ls -A {archived[0]}").split()
     assert {"launch.sh", "service.env", ".dsctl-fingerprint", "dsctl-b-0.conf.disabled"} <= set(kept)
     # the other host, not in --limit, still serves b
-    assert probe("http://10.78.0.11:8001").returncode == 0
+    assert probe(f"http://{address('lab-01')}:8001").returncode == 0
     code, report = deploy(inventory(lab, directory, [KEYED]), "--limit", "lab-02")
     assert code == 0 and set(statuses(report).values()) == {"unchanged"}
+
+
+def test_a_snapshot_restore_brings_back_the_saved_instances_and_deploy_finds_them_unchanged(served_lab):
+    """The tests since the first one changed b's parameters, set an API key and retired b on lab-02; the snapshot
+    taken after the first one brings every host back to two serving instances, as after a power cycle."""
+    lab, directory = served_lab
+    running = pids(lab)
+    dsctl("lab", "snapshot", "restore", "two-services")
+    deadline = time.monotonic() + 60
+    for host in ("lab-01", "lab-02"):
+        for port in (8000, 8001):
+            url = f"http://{address(host)}:{port}/health"
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, f"{url} did not serve again after the restore"
+                time.sleep(0.3)
+    restarted = pids(lab)
+    assert all(restarted[key] and restarted[key] != running[key] for key in restarted), (running, restarted)
+    code, report = deploy(inventory(lab, directory, [service("a", 8000), service("b", 8001)]))
+    assert code == 0 and set(statuses(report).values()) == {"unchanged"}, report
+    assert pids(lab) == restarted
+    assert probe(f"http://{address('lab-02')}:8001").returncode == 0  # b, retired on lab-02 before, serves there
 
 
 # --------------------------------------------------------------------------- dsctl tune, live, on this module's lab
@@ -390,7 +420,7 @@ def test_a_live_tune_meets_the_slo_writes_the_winner_back_and_every_instance_ser
     assert len(data["verification"]) == 4 and all(v["met"] for v in data["verification"])
     code, report = deploy(path)
     assert code == 0 and set(statuses(report).values()) == {"unchanged"}, report
-    confirm = dsctl("probe", "http://10.78.0.12:8101", "--rate", f"{best['rate']:g}", "--requests", "16",
+    confirm = dsctl("probe", f"http://{address('lab-02')}:8101", "--rate", f"{best['rate']:g}", "--requests", "16",
                     "--prompt-tokens", "256", "--output-tokens", "32", "--goodput", "ttft:200", "--slo-stat", "p99",
                     "--json", check=False)
     assert confirm.returncode == 0, confirm.stdout + confirm.stderr

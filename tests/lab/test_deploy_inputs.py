@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import bring_up, default_hdk_and_cann, dsctl, requires_lab
+from .conftest import address, bring_up, default_hdk_and_cann, dsctl, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
 KEY = "vaulted-lab-key-5e6f7a8b9c"
 PASSWORD = "lab vault password"
-HOST, ADDRESS = "lab-01", "10.78.0.11"
+HOST, ADDRESS = "lab-01", address("lab-01")
 ANSIBLE_VAULT = Path(sys.executable).parent / "ansible-vault"
 
 

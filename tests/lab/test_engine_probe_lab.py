@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import dsctl, requires_lab
+from .conftest import address, dsctl, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
@@ -75,6 +75,7 @@ def test_probe_prints_vllm_metrics_and_the_same_numbers_in_json(engine_on_lab_ho
 
 
 def test_probe_of_an_unreachable_engine_is_a_one_line_error(bare_lab):
-    result = dsctl("probe", "http://10.78.0.12:8999", "--rate", "1", "--requests", "2", "--timeout", "5", check=False)
+    result = dsctl("probe", f"http://{address('lab-02')}:8999", "--rate", "1", "--requests", "2", "--timeout", "5",
+                   check=False)
     assert result.returncode == 1
-    assert len(result.stderr.strip().splitlines()) == 1 and "10.78.0.12:8999" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and f"{address('lab-02')}:8999" in result.stderr

@@ -63,6 +63,15 @@ def test_verbs_neither_print_nor_render():
 
 def test_the_scan_sees_imports():
     """The rules above are only as good as the scan: it must find both import forms."""
-    sample = PACKAGE / "app.py"
+    sample = PACKAGE / "commands" / "deploy.py"
     modules = {module for _, module in imported_modules(sample)}
-    assert "dsctl.commands" in modules and "dsctl.commands.deploy" in modules and "typer" in modules
+    assert "dsctl.services.deploy" in modules and "dsctl.services.deploy.deploy" in modules and "typer" in modules
+
+
+def test_the_app_loads_every_verb_module_by_name():
+    """app.py imports the command modules lazily (importlib): its table must name each one, and each must build."""
+    from dsctl import app
+
+    assert {module for module, _ in app.VERBS.values()} == VERBS
+    for name in app.VERBS:
+        assert app.load_verb(name).name == name

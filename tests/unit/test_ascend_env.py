@@ -16,7 +16,7 @@ from dsctl.core.fleet.ascend_env import (
     resolve_env,
     warning,
 )
-from dsctl.errors import ExitStatus
+from dsctl.errors import DsctlError, ExitStatus
 
 TOOLKIT = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 NNAL = "/usr/local/Ascend/nnal/atb/set_env.sh"
@@ -48,7 +48,9 @@ def test_every_variable_has_kind_purpose_source_and_confidence():
     for name, spec in variables.items():
         assert spec["kind"] in {"int", "float", "enum", "path", "string", "options", "cpu_affinity"}, name
         assert spec["purpose"] and spec["source"], name
-        assert spec["confidence"] in {"official", "observed", "inferred", "field"}, name
+        assert spec["confidence"] in {"official", "observed", "inferred", "field", "emulation"}, name
+        if spec["confidence"] == "emulation":  # the lab's own knobs: never written unless an inventory sets them
+            assert name.startswith("DSCTL_ENGINE_") and spec["default"] is None, name
         assert spec["reference"], name
         assert "default" in spec, name
         if spec["confidence"] == "field":
@@ -322,3 +324,10 @@ def test_parse_reads_hand_edited_lines_for_drift():
 def test_an_invalid_name_is_not_rendered():
     with pytest.raises(EnvError):
         render_env_file({"bad-name": "1"}, toolkit_set_env=TOOLKIT, nnal_set_env=NNAL)
+
+
+def test_the_lab_engines_time_scale_is_a_checked_number():
+    assert resolve_env({"DSCTL_ENGINE_TIME_SCALE": "0.25"})["DSCTL_ENGINE_TIME_SCALE"] == "0.25"
+    for bad in ("0", "-1", "fast", "1000"):
+        with pytest.raises(DsctlError, match="DSCTL_ENGINE_TIME_SCALE"):
+            resolve_env({"DSCTL_ENGINE_TIME_SCALE": bad})

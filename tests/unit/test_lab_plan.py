@@ -79,3 +79,36 @@ def test_preinstalled_hosts_run_kernels_and_nnal_with_the_toolkit_env_and_driver
         shell, flag, script, env, *run = by_part[part]
         assert (shell, flag, env) == ("bash", "-c", "/usr/local/Ascend/ascend-toolkit/set_env.sh")
         assert script == '. "$0"; exec "$@"' and run[0] == "bash" and "--install" in run
+
+
+def test_a_named_lab_gets_its_own_bridge_namespaces_and_cables():
+    spec = plan(hosts=2, name="ci", subnet="10.78.3.0/24")
+    assert spec.bridge == "dsctl-ci0"
+    assert [(h.name, h.address, h.netns, h.veth) for h in spec.members] == [
+        ("lab-01", "10.78.3.11", "dsctl-ci-01", "dci1"),
+        ("lab-02", "10.78.3.12", "dsctl-ci-02", "dci2"),
+    ]
+    # The default lab keeps today's names.
+    assert plan(hosts=1).bridge == "dsctl-lab0" and plan(hosts=1).name == "lab"
+
+
+@pytest.mark.parametrize("name", ["", "Lab", "lab1", "1lab", "a-b", "toolongname", "a b"])
+def test_a_lab_name_that_would_break_interface_names_is_refused(name):
+    with pytest.raises(UsageError, match="--name"):
+        plan(name=name)
+
+
+def test_an_old_lab_json_without_a_name_is_the_default_lab():
+    data = plan(hosts=1).to_dict()
+    del data["name"]
+    assert type(plan(hosts=1)).from_dict(data).name == "lab"
+
+
+def test_named_labs_take_the_first_free_subnet_after_the_default_labs():
+    from dsctl.core.lab.plan import free_subnet
+
+    assert free_subnet([]) == "10.78.1.0/24"
+    assert free_subnet(["10.78.0.1/24", "10.78.1.1/24", "192.168.1.5/24"]) == "10.78.2.0/24"
+    assert free_subnet(["10.78.0.0/23"]) == "10.78.2.0/24"  # overlap, not only equality
+    with pytest.raises(UsageError, match="--subnet"):
+        free_subnet(["10.78.0.0/16"])

@@ -84,6 +84,9 @@ class Fleet:
                              "vllm_ascend": host.vllm_ascend}}
 
     # ------------------------------------------------------------------ Prober
+    def engine_time_scale(self, target, *, api_key, timeouts):
+        return None  # a real engine: no emulated time scale
+
     def probe(self, target, *, path, model, api_key, request_id_header, timeouts, load, warmup, body, backstop,
               on_model, on_finish, lag_samples=None, keep_text=False):
         name = {f"10.0.0.{i}": h for i, h in enumerate(HOSTS, 1)}[target.host]

@@ -224,22 +224,48 @@ def runs_dir() -> Path:
     return _state_home() / "dsctl" / "runs"
 
 
+OWNER_FILE = "owner"  # "<pid> <start time>" of the dsctl process that made the run directory
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def _owned_by_another_live_process(run: Path) -> bool:
+    """Whether another dsctl process that still lives made ``run`` (it may still be writing or reading it)."""
+    try:
+        pid_text, start = (run / OWNER_FILE).read_text().split()
+    except (OSError, ValueError):
+        return False
+    return int(pid_text) != os.getpid() and _process_start(int(pid_text)) == start
+
+
 def new_artifacts_dir(playbook: str) -> Path:
     root = runs_dir()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     path = root / f"{stamp}-{Path(playbook).stem}-{secrets.token_hex(3)}"
     path.mkdir(mode=0o700)
+    (path / OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}\n")
     prune_runs(root, keep=KEEP_RUNS, current=path)
     return path
 
 
 def prune_runs(root: Path, keep: int = KEEP_RUNS, current: Path | None = None) -> list[Path]:
-    """Delete all but the newest ``keep`` run directories (names start with a sortable UTC stamp)."""
+    """Delete all but the newest ``keep`` run directories (names start with a sortable UTC stamp).
+
+    A run whose dsctl process still lives is kept whatever its age: dsctl commands running side by side (two
+    fleets, a tune's trial slots, a test suite's parallel labs) would otherwise delete each other's runs midway.
+    """
     runs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and p.name[:8].isdigit())
     removed = []
     for old in runs[: max(0, len(runs) - keep)]:
-        if old != current:
+        if old != current and not _owned_by_another_live_process(old):
             shutil.rmtree(old, ignore_errors=True)
             removed.append(old)
     return removed

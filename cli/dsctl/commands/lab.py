@@ -8,17 +8,22 @@ from typing import Annotated
 import typer
 
 from dsctl import ui
-from dsctl.core.lab.plan import DEFAULT_SUBNET
+from dsctl.core.lab.plan import DEFAULT_NAME, DEFAULT_SUBNET
 from dsctl.errors import DsctlError, ExitStatus
 from dsctl.lab import service
 from dsctl.lab.faults import FaultKind
-from dsctl.lab.hosts import DEFAULT_ROOT
 
 app = typer.Typer(help="Simulated Ascend hosts on this machine: namespaces with sshd, emulated NPUs and packages.",
                   no_args_is_help=True)
 
 RootOption = Annotated[
-    Path, typer.Option("--root", envvar="DSCTL_LAB_ROOT", help="Lab state directory (keys, inventory, disks).")
+    Path | None, typer.Option("--root", envvar="DSCTL_LAB_ROOT",
+                              help="Lab state directory (keys, inventory, disks); default /run/dsctl/<name>.")
+]
+NameOption = Annotated[
+    str | None, typer.Option("--name", envvar="DSCTL_LAB_NAME",
+                             help="Which lab: several can run side by side, each with its own bridge, subnet and "
+                                  "state directory (default: lab).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON result object.")]
 
@@ -33,15 +38,18 @@ def up(
         str | None, typer.Option("--firmware", help="Preinstall this NPU firmware version (needs --driver).")
     ] = None,
     cann: Annotated[str | None, typer.Option("--cann", help="Preinstall this CANN version, or 'none'.")] = None,
-    subnet: Annotated[str, typer.Option("--subnet", help="Lab network (IPv4).")] = DEFAULT_SUBNET,
+    subnet: Annotated[str | None, typer.Option(
+        "--subnet", help=f"Lab network (IPv4; default {DEFAULT_SUBNET} for the lab named lab, else the first free "
+                         "10.78.K.0/24).")] = None,
     disk_gb: Annotated[int, typer.Option("--disk-gb", help="Disk size each host reports.")] = 64,
-    root: RootOption = DEFAULT_ROOT,
+    name: NameOption = None,
+    root: RootOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create lab hosts (bare OS unless --driver/--firmware/--cann) and write their Ansible inventory."""
     result = service.lab_up(
         root, hosts_count=hosts, npus=npus, chip=chip, subnet=subnet, disk_gb=disk_gb, driver=driver,
-        firmware=firmware, cann=cann, progress=ui.progress,
+        firmware=firmware, cann=cann, progress=ui.progress, name=name or DEFAULT_NAME,
     )
     spec = result.spec
     hosts_data = [{"name": h.name, "address": h.address} for h in spec.members]
@@ -58,9 +66,9 @@ def up(
 
 
 @app.command()
-def down(root: RootOption = DEFAULT_ROOT, as_json: JsonOption = False) -> None:
-    """Remove every lab host: processes, mounts, namespaces, the bridge and the state directory."""
-    removed = service.lab_down(root)
+def down(name: NameOption = None, root: RootOption = None, as_json: JsonOption = False) -> None:
+    """Remove every lab host: processes, mounts, namespaces, the bridge and the state directory (of this lab only)."""
+    removed = service.lab_down(root, name)
     if as_json:
         ui.emit_json(["lab", "down"], removed)
         return
@@ -70,9 +78,9 @@ def down(root: RootOption = DEFAULT_ROOT, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def status(root: RootOption = DEFAULT_ROOT, as_json: JsonOption = False) -> None:
+def status(name: NameOption = None, root: RootOption = None, as_json: JsonOption = False) -> None:
     """Each host's power, network and NPUs as `npu-smi` reports them over SSH."""
-    spec, statuses = service.lab_status(root)
+    spec, statuses = service.lab_status(root, name=name)
     unreachable = [s.name for s in statuses if s.error]
     code = ExitStatus.HOSTS_UNREACHABLE if unreachable else ExitStatus.OK
     if as_json:
@@ -108,10 +116,11 @@ def fault(
             "firmware."
         ),
     ] = "any",
-    root: RootOption = DEFAULT_ROOT,
+    name: NameOption = None,
+    root: RootOption = None,
 ) -> None:
     """Inject a fault that roles can only see through the host itself (npu-smi, exit codes, df, SSH)."""
-    typer.echo(service.lab_fault(root, host, kind, npu=npu, health=health, component=component))
+    typer.echo(service.lab_fault(root, host, kind, name=name, npu=npu, health=health, component=component))
 
 
 @app.command()
@@ -133,3 +142,64 @@ def packages(
         return
     for path in written:
         typer.echo(str(path))
+
+
+snapshot_app = typer.Typer(
+    help="Save the lab hosts' disks and bring them back: try an upgrade or a tune, then go back.", no_args_is_help=True
+)
+app.add_typer(snapshot_app, name="snapshot")
+SnapshotName = Annotated[str, typer.Argument(help="Snapshot name (letters, digits, '.', '_', '-').")]
+
+
+def _render_snapshot(verb: str, info, as_json: bool) -> None:
+    if as_json:
+        ui.emit_json(["lab", "snapshot", verb], None if info is None else vars(info))
+    elif info is not None:
+        ui.stderr_console().print(f"snapshot {info.name} {verb}d: {len(info.hosts)} hosts, "
+                                  f"{info.size_bytes / 2**20:.1f} MiB")
+
+
+@snapshot_app.command("save")
+def snapshot_save(
+    snapshot: SnapshotName,
+    replace: Annotated[bool, typer.Option("--replace", help="Overwrite a snapshot of that name.")] = False,
+    name: NameOption = None, root: RootOption = None, as_json: JsonOption = False,
+) -> None:
+    """Save every host's disk (installed HDK, CANN, venvs, services' files) and boards; processes keep running."""
+    _render_snapshot("save", service.lab_snapshot(root, name, "save", snapshot, replace=replace,
+                                                  progress=ui.progress), as_json)
+
+
+@snapshot_app.command("restore")
+def snapshot_restore(snapshot: SnapshotName, name: NameOption = None, root: RootOption = None,
+                     as_json: JsonOption = False) -> None:
+    """Bring every host back to the snapshot: powered off, its saved files put back, booted (as after a reboot)."""
+    _render_snapshot("restore", service.lab_snapshot(root, name, "restore", snapshot, progress=ui.progress), as_json)
+
+
+@snapshot_app.command("delete")
+def snapshot_delete(snapshot: SnapshotName, name: NameOption = None, root: RootOption = None,
+                    as_json: JsonOption = False) -> None:
+    """Delete a snapshot."""
+    service.lab_snapshot(root, name, "delete", snapshot)
+    if as_json:
+        ui.emit_json(["lab", "snapshot", "delete"], {"deleted": snapshot})
+    else:
+        ui.stderr_console().print(f"snapshot {snapshot} deleted")
+
+
+@snapshot_app.command("list")
+def snapshot_list(name: NameOption = None, root: RootOption = None, as_json: JsonOption = False) -> None:
+    """The lab's snapshots: when saved, hosts, size and the driver and CANN each host's disk holds."""
+    import time
+
+    infos = service.lab_snapshot(root, name, "list")
+    if as_json:
+        ui.emit_json(["lab", "snapshot", "list"], [vars(info) for info in infos])
+        return
+    rows = []
+    for info in infos:
+        stacks = sorted({f"{s.get('driver', '-')} / {s.get('cann', '-')}" for s in info.stacks.values()})
+        rows.append([info.name, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created)),
+                     len(info.hosts), f"{info.size_bytes / 2**20:.1f}", ", ".join(stacks) or "-"])
+    ui.print_table("lab snapshots", ["name", "saved", "hosts", "MiB", "driver / CANN"], rows)

@@ -25,6 +25,16 @@ from dsctl.services.probe import DEFAULT_REQUESTS, ProbeConfig, probe
 from dsctl.ui_progress import ProbeProgress
 
 
+def parse_time_scale(text: str) -> float | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--time-scale {text!r}: expected auto or a number of wall seconds per modelled "
+                         "second (1 = real time)") from None
+
+
 def parse_rate(text: str | None) -> float | None:
     if text is None:
         return None
@@ -213,6 +223,10 @@ def run(
     ] = None,
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Where --sweep writes sweep.json and sweep.png (default: a new run directory).")] = None,
+    time_scale: Annotated[str, typer.Option(
+        "--time-scale", help="Wall seconds per modelled second of a time-scaled engine (dsctl's emulated one): "
+                             "rates, durations and latencies are then modelled; auto: what the engine's /version "
+                             "says (1 for any real server).")] = "auto",
 ) -> None:
     """Load an OpenAI-compatible endpoint and report vllm-bench-serve metrics (TTFT, TPOT, ITL, E2EL, goodput)."""
     terms = list(goodput or [])
@@ -233,7 +247,7 @@ def run(
         api_key=api_key, seed=seed, ignore_eos=ignore_eos, record=record, max_error_rate=max_error_rate,
         request_id_header=None if request_id_header.lower() == "none" else request_id_header,
         percentiles=percentiles, csv=csv_path, save_text=save_text, tokenizer=tokenizer, dataset=dataset,
-        sweep=sweep, run_dir=run_dir,
+        sweep=sweep, run_dir=run_dir, time_scale=parse_time_scale(time_scale),
     )
     started = time.perf_counter()
     with ProbeProgress(notes=not as_json) as progress:

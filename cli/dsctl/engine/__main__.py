@@ -349,7 +349,7 @@ def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock:
     config = server.ServerConfig(
         served_model_names=served, model_root=plan["model_name"], max_model_len=plan["max_model_len"],
         api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
-        time_scale=scale * plan["cann"].slowdown, seed=args.seed,
+        time_scale=scale * plan["cann"].slowdown, advertised_time_scale=scale, seed=args.seed,
         divergence=perfmodel.divergence_probability(plan["keep"]), record=args.record,
         access_log=not args.disable_uvicorn_access_log,
         log_stats_interval=0.0 if args.disable_log_stats else float(os.environ.get("VLLM_LOG_STATS_INTERVAL", 10)),

@@ -73,6 +73,7 @@ class ServerConfig:
     max_model_len: int
     api_key: str | None = None
     time_scale: float = 1.0
+    advertised_time_scale: float = 1.0  # the --time-scale asked for (time_scale also carries a CANN slowdown)
     seed: int = 0
     divergence: float = 0.0
     record: str | None = None
@@ -583,8 +584,12 @@ class HttpServer:
                                                              self.config.max_model_len, self.config.created),
                              keep_alive)
             elif path == "/version":
+                # vLLM's {"version"}, plus what the emulation adds: the CANN it loaded and its time scale (wall
+                # seconds per modelled second, without a regressed release's slowdown), so that a probe judges
+                # modelled time (dsctl.services.probe).
                 self._simple(writer, 200, {"version": self.config.version, "cann": self.config.cann,
-                                           "cann_toolkit": self.config.cann_toolkit}, keep_alive)
+                                           "cann_toolkit": self.config.cann_toolkit,
+                                           "emulated_time_scale": self.config.advertised_time_scale}, keep_alive)
             else:
                 parse = openai.parse_chat if path == "/v1/chat/completions" else openai.parse_completion
                 client_id = headers.get("x-request-id") or None

@@ -122,6 +122,23 @@ def load_driver_and_firmware(boot_id: str) -> None:
     )
 
 
+# The distribution's supervisor package starts supervisord at boot (Debian's supervisor.service, enabled on install)
+# with this file, which includes /etc/supervisor/conf.d/*.conf: a host whose instances run under supervisor gets
+# them back after a reboot, as a real one does.  A host with no program there skips it (nothing would run; it
+# saves a process per lab host, and the role starts supervisord itself when it finds none).
+SUPERVISOR_CONF = Path("/etc/supervisor/supervisord.conf")
+SUPERVISOR_PROGRAMS = Path("/etc/supervisor/conf.d")
+BOOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def start_boot_services() -> None:
+    if SUPERVISOR_CONF.is_file() and any(SUPERVISOR_PROGRAMS.glob("*.conf")):
+        # supervisord daemonizes; PID 1 reaps what it leaves behind.
+        # With an init system's clean environment, not the one `dsctl lab up` ran with.
+        subprocess.run(["supervisord", "-c", str(SUPERVISOR_CONF)], check=False, env=BOOT_ENV,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def start_sshd() -> int:
     # -D keeps sshd in the foreground as our child, so a reboot can stop it with the rest.
     process = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config"])
@@ -143,6 +160,7 @@ def boot(hostname: str, hw_fd: int, host_fd: int, boots: int) -> None:
     _run("hostname", hostname)
     load_driver_and_firmware(boot_id)
     sshd_pid = start_sshd()
+    start_boot_services()
     write_state(host_fd, {"boot_id": boot_id, "boots": boots, "sshd_pid": sshd_pid, "booted_at": time.time()})
 
 
@@ -175,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dsctl-lab-init")
     parser.add_argument("--host-dir", required=True, type=Path)
     parser.add_argument("--hostname", required=True)
+    parser.add_argument("--boots-before", type=int, default=0, help="boots of earlier power-ons (a power cycle)")
     args = parser.parse_args(argv)
     if os.getpid() != 1:
         print("dsctl.lab.hostinit must run as PID 1 of a lab host's namespaces", file=sys.stderr)
@@ -187,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise(_PowerOff))
     signal.signal(signal.SIGINT, _raise(_PowerOff))
 
-    boots = 1
+    boots = args.boots_before + 1
     boot(args.hostname, hw_fd, host_fd, boots)
     while True:
         try:

@@ -9,6 +9,8 @@ a crash even without the state file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -25,12 +27,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsctl import data
-from dsctl.core.lab.plan import BRIDGE, CABLE_PREFIX, NETNS_PREFIX, LabHost, LabSpec, board_state
+from dsctl.core.lab.plan import (
+    DEFAULT_NAME,
+    DEFAULT_SUBNET,
+    LabHost,
+    LabSpec,
+    board_state,
+    bridge_name,
+    cable_prefix,
+    free_subnet,
+    netns_prefix,
+)
 from dsctl.emu import hwstate
 from dsctl.errors import DsctlError, EnvironmentUnsupported
 from dsctl.lab import keys, seed
 
-DEFAULT_ROOT = Path(os.environ.get("DSCTL_LAB_ROOT", "/run/dsctl/lab"))
+STATE_BASE = Path("/run/dsctl")
+# Held while a lab chooses its subnet and creates its bridge, so labs started side by side never pick the same one.
+NETWORK_LOCK = STATE_BASE / ".lab-network.lock"
 BOOT_TIMEOUT_S = 60.0
 REQUIRED_TOOLS = {
     "ip": "iproute2",
@@ -47,9 +61,16 @@ def _quiet(_message: str) -> None:
     pass
 
 
+def default_root(name: str = DEFAULT_NAME) -> Path:
+    """Where lab ``name`` keeps its state: $DSCTL_LAB_ROOT when set, else /run/dsctl/<name>."""
+    override = os.environ.get("DSCTL_LAB_ROOT")
+    return Path(override) if override else STATE_BASE / name
+
+
 @dataclass(frozen=True)
 class LabPaths:
     root: Path
+    name: str = DEFAULT_NAME
 
     @property
     def spec(self) -> Path:
@@ -113,15 +134,15 @@ def load_spec(paths: LabPaths) -> LabSpec | None:
 def _switch_batch(spec: LabSpec) -> str:
     """The bridge, the namespaces and the cables, in one `ip -batch` run."""
     lines = [
-        f"link add {BRIDGE} type bridge",
-        f"address add {spec.gateway}/{spec.prefix_len} dev {BRIDGE}",
-        f"link set {BRIDGE} up",
+        f"link add {spec.bridge} type bridge",
+        f"address add {spec.gateway}/{spec.prefix_len} dev {spec.bridge}",
+        f"link set {spec.bridge} up",
     ]
     for host in spec.members:
         lines += [
             f"netns add {host.netns}",
             f"link add {host.veth} type veth peer name eth0 netns {host.netns}",
-            f"link set {host.veth} master {BRIDGE} up",
+            f"link set {host.veth} master {spec.bridge} up",
         ]
     return "\n".join(lines) + "\n"
 
@@ -130,25 +151,54 @@ def _host_network_batch(spec: LabSpec, host: LabHost) -> str:
     return f"address add {host.address}/{spec.prefix_len} dev eth0\nlink set eth0 up\nlink set lo up\n"
 
 
-def _lab_namespaces() -> list[str]:
+def _lab_namespaces(name: str = DEFAULT_NAME) -> list[str]:
     listing = _run(["ip", "netns", "list"], check=False).stdout
-    return [line.split()[0] for line in listing.splitlines() if line.startswith(NETNS_PREFIX)]
+    pattern = re.compile(rf"{re.escape(netns_prefix(name))}\d+")
+    return [line.split()[0] for line in listing.splitlines() if line.split() and pattern.fullmatch(line.split()[0])]
 
 
-def _lab_cables() -> list[str]:
+def _lab_cables(name: str = DEFAULT_NAME) -> list[str]:
     listing = _run(["ip", "-o", "link", "show"], check=False).stdout
     names = (line.split(":")[1].strip().split("@")[0] for line in listing.splitlines() if line.count(":") >= 2)
-    return [name for name in names if re.fullmatch(rf"{CABLE_PREFIX}\d+", name)]
+    return [cable for cable in names if re.fullmatch(rf"{re.escape(cable_prefix(name))}\d+", cable)]
 
 
-def _remove_cables() -> None:
+def _remove_cables(name: str = DEFAULT_NAME) -> None:
     """Deleting a namespace frees its veth peers asynchronously; a quick `lab up` would then hit
     "File exists", so the lab's own cable ends are removed and waited for here."""
-    for name in _lab_cables():
-        _run(["ip", "link", "del", name], check=False)
+    for cable in _lab_cables(name):
+        _run(["ip", "link", "del", cable], check=False)
     deadline = time.monotonic() + 10
-    while _lab_cables() and time.monotonic() < deadline:
+    while _lab_cables(name) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def used_subnets() -> list[str]:
+    """Every IPv4 network this machine has an address in (the other labs' bridges among them)."""
+    listing = _run(["ip", "-o", "-4", "addr", "show"], check=False).stdout
+    return [fields[3] for fields in (line.split() for line in listing.splitlines())
+            if len(fields) > 3 and fields[2] == "inet"]
+
+
+@contextlib.contextmanager
+def network_lock():
+    NETWORK_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(NETWORK_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def choose_subnet(name: str, subnet: str | None) -> str:
+    """The subnet a new lab gets: the one asked for, the default lab's own, or the first /24 no other network
+    on this machine uses (call with network_lock() held)."""
+    if subnet is not None:
+        return subnet
+    if name == DEFAULT_NAME:
+        return DEFAULT_SUBNET
+    return free_subnet(used_subnets())
 
 
 def set_link(host: LabHost, up: bool) -> None:
@@ -182,14 +232,15 @@ def _prepare_host(paths: LabPaths, spec: LabSpec, host: LabHost, authorized_key:
     )
 
 
-def _start_init(paths: LabPaths, host: LabHost) -> None:
+def start_init(paths: LabPaths, host: LabHost) -> None:
     host_dir = paths.host_dir(host.name)
     console = open(host_dir / "console.log", "ab")  # noqa: SIM115 - handed to the child
     process = subprocess.Popen(
         ["ip", "netns", "exec", host.netns,
          "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
          "--kill-child",
-         sys.executable, "-m", "dsctl.lab.hostinit", "--host-dir", str(host_dir), "--hostname", host.name],
+         sys.executable, "-m", "dsctl.lab.hostinit", "--host-dir", str(host_dir), "--hostname", host.name,
+         "--boots-before", str((host_state(paths, host.name) or {}).get("boots", 0))],
         stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )
@@ -280,7 +331,7 @@ def up(spec: LabSpec, paths: LabPaths, progress: Progress = _quiet) -> None:
     """Create the lab's hosts and boot them (a bare OS each)."""
     paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     authorized = keys.write_ed25519_keypair(paths.client_key, "dsctl-lab-controller")
-    progress(f"network: bridge {BRIDGE} {spec.gateway}/{spec.prefix_len}, {len(spec.members)} namespaces")
+    progress(f"network: bridge {spec.bridge} {spec.gateway}/{spec.prefix_len}, {len(spec.members)} namespaces")
     _run(["ip", "-batch", "-"], input_text=_switch_batch(spec))
     for host in spec.members:
         _run(["ip", "-n", host.netns, "-batch", "-"], input_text=_host_network_batch(spec, host))
@@ -290,14 +341,14 @@ def up(spec: LabSpec, paths: LabPaths, progress: Progress = _quiet) -> None:
     paths.known_hosts.write_text("\n".join(known) + "\n")
     progress("booting hosts")
     for host in spec.members:
-        _start_init(paths, host)
+        start_init(paths, host)
     wait_until_booted(paths, spec.members, {})
     paths.spec.write_text(json.dumps(spec.to_dict(), indent=1) + "\n")
 
 
 def is_running(paths: LabPaths, spec: LabSpec) -> bool:
     return all(init_pid(paths, host.name) is not None for host in spec.members) and set(
-        _lab_namespaces()
+        _lab_namespaces(spec.name)
     ) >= {host.netns for host in spec.members}
 
 
@@ -319,8 +370,9 @@ def _processes_in(namespaces: list[str]) -> list[int]:
 
 
 def down(paths: LabPaths) -> dict[str, int]:
-    """Remove every trace of the lab, whether it came up fully, half or not at all."""
-    namespaces = _lab_namespaces()
+    """Remove every trace of the lab, whether it came up fully, half or not at all (other labs are left alone:
+    everything removed is named after this lab's name or lives under its state directory)."""
+    namespaces = _lab_namespaces(paths.name)
     pids = _processes_in(namespaces)
     for pid in pids:
         try:
@@ -336,8 +388,8 @@ def down(paths: LabPaths) -> dict[str, int]:
     if namespaces:
         _run(["ip", "-force", "-batch", "-"], input_text="".join(f"netns del {ns}\n" for ns in namespaces),
              check=False)
-    _remove_cables()
-    bridge_existed = _run(["ip", "link", "del", BRIDGE], check=False).returncode == 0
+    _remove_cables(paths.name)
+    bridge_existed = _run(["ip", "link", "del", bridge_name(paths.name)], check=False).returncode == 0
     if paths.root.exists():
         shutil.rmtree(paths.root)
     return {"namespaces": len(namespaces), "processes": len(pids), "mounts": len(mounts),

@@ -52,3 +52,9 @@ class Prober(Protocol):
         return (model, result); ``keep_text`` keeps each request's generated text in its record. Raises DsctlError
         when the server cannot be used at all."""
         ...
+
+    def engine_time_scale(self, target: Target, *, api_key: str | None, timeouts: Timeouts) -> float | None:
+        """The wall seconds per modelled second of dsctl's emulated engine (the lab), which says so in its
+        /version; None for any other server (real vLLM, MindIE, a gateway in front of them), or when it cannot
+        be asked."""
+        ...

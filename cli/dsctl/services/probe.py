@@ -16,9 +16,11 @@ None; once per sweep level), ``dsctl_probe_request`` (``success``) per measured 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -77,6 +79,12 @@ class ProbeConfig:
     dataset: Path | None = None  # ShareGPT JSON or JSONL (optional timestamps: a trace to replay)
     sweep: str | None = None  # "rate=1:32:8" | "concurrency=1:64:4"
     run_dir: Path | None = None  # where a sweep writes sweep.json and sweep.png; None: a new run directory
+    # Wall seconds per modelled second of a time-scaled engine (the lab's); None: ask the engine (its /version),
+    # 1 for any server that does not say.  Rates, durations and every reported time are then modelled ones.
+    time_scale: float | None = None
+
+
+MAX_TIME_SCALE = 100.0
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,9 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
                          "above 1 more regular, inf = constant)")
     if not cfg.timeout > 0:
         raise UsageError(f"--timeout {cfg.timeout:g}: must be a positive number of seconds")
+    if cfg.time_scale is not None and not 0 < cfg.time_scale <= MAX_TIME_SCALE:
+        raise UsageError(f"--time-scale {cfg.time_scale:g}: must be above 0 and at most {MAX_TIME_SCALE:g} (wall "
+                         "seconds per modelled second; 1 is real time)")
     if not 0.0 <= cfg.shared_prefix <= 1.0:
         raise UsageError(f"--shared-prefix {cfg.shared_prefix:g}: must be between 0.0 and 1.0")
     try:
@@ -261,17 +272,18 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
                 replay=replay, dataset_info=info, last_release=last_release)
 
 
-def _backstop(plan: Plan) -> float:
-    """An upper bound on the measured phase: every request is bounded by the total timeout."""
+def _backstop(plan: Plan, scale: float = 1.0) -> float:
+    """An upper bound on the measured phase in wall seconds: every request is bounded by the total timeout (wall
+    seconds); the schedule and the duration are modelled ones, ``scale`` wall seconds each."""
     t = plan.timeouts.total
     load = plan.load
     if load.schedule is not None:
         waves = math.ceil((plan.total_planned or 0) / load.concurrency) if load.concurrency else 1
-        return (plan.last_release or 0.0) + waves * t + 10.0
+        return (plan.last_release or 0.0) * scale + waves * t + 10.0
     if load.requests is not None:
         bound = math.ceil(load.requests / (load.concurrency or 1)) * t + 10.0
-        return bound if load.duration is None else min(bound, load.duration + t + 10.0)
-    return (load.duration or 0.0) + t + 10.0
+        return bound if load.duration is None else min(bound, load.duration * scale + t + 10.0)
+    return (load.duration or 0.0) * scale + t + 10.0
 
 
 def describe(plan: Plan, model: str) -> str:
@@ -443,12 +455,55 @@ def probe(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_progress
     return result
 
 
+def time_scale(prober: Prober, cfg: ProbeConfig, plan: Plan) -> float:
+    """The probe's time scale: --time-scale, else what the engine says of itself, else 1 (real time)."""
+    if cfg.time_scale is not None:
+        return cfg.time_scale
+    return prober.engine_time_scale(plan.target, api_key=cfg.api_key, timeouts=plan.timeouts) or 1.0
+
+
+def wall_load(load: Load, scale: float) -> Load:
+    """The modelled schedule and duration in wall seconds (scale: wall seconds per modelled second)."""
+    if scale == 1.0:
+        return load
+    schedule = None if load.schedule is None else (t * scale for t in load.schedule)
+    return Load(schedule=schedule, concurrency=load.concurrency, requests=load.requests,
+                duration=None if load.duration is None else load.duration * scale)
+
+
+def modelled_record(rec: RequestRecord, origin: float, scale: float) -> RequestRecord:
+    """``rec`` with every instant mapped to modelled time: origin + (t - origin) / scale."""
+    if scale == 1.0:
+        return rec
+
+    def to_model(t: float) -> float:
+        return origin + (t - origin) / scale
+
+    return dataclasses.replace(rec, scheduled=to_model(rec.scheduled), sent=to_model(rec.sent),
+                               end=to_model(rec.end), chunk_times=[to_model(t) for t in rec.chunk_times])
+
+
+def modelled_result(result: RunResult, origin: float, scale: float) -> RunResult:
+    if scale == 1.0:
+        return result
+    return dataclasses.replace(result, records=[modelled_record(r, origin, scale) for r in result.records],
+                               warmup=[modelled_record(r, origin, scale) for r in result.warmup],
+                               duration=result.duration / scale,
+                               extra={**result.extra, "time_scale": scale})
+
+
 def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
          lag_samples: list[float] | None = None) -> ProbeResult:
     watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned) if plan.bounds_ms else None
+    scale = time_scale(prober, cfg, plan)
+    origin = time.perf_counter()  # any fixed instant: modelled and wall differences agree from it
 
     def on_model(model: str) -> None:
         progress({"event": "dsctl_note", "msg": describe(plan, model)})
+        if scale != 1.0:
+            progress({"event": "dsctl_note", "msg": f"the engine runs at time scale {scale:g} (a modelled second "
+                                                    f"takes {scale:g} s): rates, durations and latencies below "
+                                                    "are modelled"})
         if cfg.early_stop and plan.total_planned is None:
             progress({"event": "dsctl_note", "msg": "note: a closed loop bounded only by --duration has no planned "
                                                     "request count, so --early-stop can never be certain; add "
@@ -464,15 +519,18 @@ def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
         progress({"event": "dsctl_probe_request", "success": rec.success})
         if watch is None:
             return None
-        watch.add(rec)
+        watch.add(modelled_record(rec, origin, scale))
         return watch.certainly_missed() if cfg.early_stop else None
 
     model, result = prober.probe(plan.target, path=plan.path, model=cfg.model, api_key=cfg.api_key,
                                  request_id_header=cfg.request_id_header,
-                                 timeouts=plan.timeouts, load=plan.load, warmup=cfg.warmup, body=body,
-                                 backstop=_backstop(plan), on_model=on_model, on_finish=on_finish,
+                                 timeouts=plan.timeouts, load=wall_load(plan.load, scale), warmup=cfg.warmup,
+                                 body=body, backstop=_backstop(plan, scale),
+                                 on_model=on_model, on_finish=on_finish,
                                  lag_samples=lag_samples, keep_text=cfg.save_text or plan.tokenizer is not None)
-    return summarize(cfg, plan, model, result, watch)
+    outcome = summarize(cfg, plan, model, modelled_result(result, origin, scale), watch)
+    outcome.data["config"]["time_scale"] = scale
+    return outcome
 
 
 # -- sweeps -------------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from dsctl.errors import DsctlError
 from dsctl.services.ports import BodyMaker, FinishHook, ProgressSink
 
 MODELS_TIMEOUT_S = 10.0
+# What dsctl's emulated engine adds to vLLM's /version (dsctl.engine.server); no other server sends it.
+ENGINE_TIME_SCALE_KEY = "emulated_time_scale"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,19 @@ async def _resolve_model(client: ProbeClient, model: str | None) -> str:
 @dataclass(frozen=True)
 class HttpProber:
     """`Prober` over dsctl's streaming OpenAI client (one asyncio loop per probe)."""
+
+    def engine_time_scale(self, target: Target, *, api_key: str | None, timeouts: Timeouts) -> float | None:
+        async def main() -> float | None:
+            async with ProbeClient(target, api_key=api_key, timeouts=timeouts) as client:
+                try:
+                    status, doc = await client.get_json("/version", timeout=min(MODELS_TIMEOUT_S,
+                                                                                 client.timeouts.total))
+                except ProbeError:
+                    return None
+            value = doc.get(ENGINE_TIME_SCALE_KEY) if status == 200 and isinstance(doc, dict) else None
+            return float(value) if isinstance(value, int | float) and 0 < value < float("inf") else None
+
+        return asyncio.run(main())
 
     def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None,
               request_id_header: str | None, timeouts: Timeouts,

@@ -33,6 +33,7 @@ CONFIDENCE_WORDS = {
     "observed": "observed in public deploy recipes",
     "inferred": "inferred, verify on hardware",
     "field": "field practice, effect unknown",
+    "emulation": "dsctl's emulated engine only (the lab)",
 }
 HEADER = (
     "# managed by dsctl, do not edit: rewritten from the inventory's dsctl_ascend_env_profile and dsctl_ascend_env\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,11 +16,41 @@ from dsctl.errors import UsageError
 
 MAX_HOSTS = 200
 MAX_NPUS = 16
-BRIDGE = "dsctl-lab0"
-NETNS_PREFIX = "dsctl-lab-"
-CABLE_PREFIX = "dlab"
+DEFAULT_NAME = "lab"
 DEFAULT_SUBNET = "10.78.0.0/24"
+# Named labs other than the default get the first free 10.78.K.0/24 (K = 1..255) unless --subnet says otherwise.
+NAMED_SUBNET_POOL = "10.78.0.0/16"
 FIRST_HOST_OFFSET = 11
+# A lab's name goes into its bridge (dsctl-<name>0), namespaces (dsctl-<name>-NN) and cables (d<name>N): Linux
+# interface names hold 15 characters, and a name that ends in a letter keeps "d<name><index>" unambiguous.
+NAME_RULE = re.compile(r"[a-z](?:[a-z0-9]{0,6}[a-z])?")
+
+
+def check_name(name: str) -> str:
+    if not NAME_RULE.fullmatch(name):
+        raise UsageError(
+            f"--name {name!r} is not a lab name: 1 to 8 lower-case letters and digits, starting and ending with a "
+            "letter (e.g. lab, ci, gwtest)"
+        )
+    return name
+
+
+def bridge_name(name: str = DEFAULT_NAME) -> str:
+    return f"dsctl-{name}0"
+
+
+def netns_prefix(name: str = DEFAULT_NAME) -> str:
+    return f"dsctl-{name}-"
+
+
+def cable_prefix(name: str = DEFAULT_NAME) -> str:
+    return f"d{name}"
+
+
+# Today's names of the default lab, kept for the code and tests that name them.
+BRIDGE = bridge_name()
+NETNS_PREFIX = netns_prefix()
+CABLE_PREFIX = cable_prefix()
 
 
 @dataclass(frozen=True)
@@ -42,6 +73,11 @@ class LabSpec:
     cann: str | None = None
     disk_gb: int = 64
     members: list[LabHost] = field(default_factory=list)
+    name: str = DEFAULT_NAME
+
+    @property
+    def bridge(self) -> str:
+        return bridge_name(self.name)
 
     @property
     def gateway(self) -> str:
@@ -78,7 +114,9 @@ def plan_lab(
     firmware: str | None = None,
     cann: str | None = None,
     disk_gb: int = 64,
+    name: str = DEFAULT_NAME,
 ) -> LabSpec:
+    check_name(name)
     if not 1 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     if not 1 <= npus <= MAX_NPUS:
@@ -100,15 +138,24 @@ def plan_lab(
             name=host_name(index),
             index=index,
             address=str(network.network_address + FIRST_HOST_OFFSET + index - 1),
-            netns=f"{NETNS_PREFIX}{index:02d}",
-            veth=f"{CABLE_PREFIX}{index}",
+            netns=f"{netns_prefix(name)}{index:02d}",
+            veth=f"{cable_prefix(name)}{index}",
         )
         for index in range(1, hosts + 1)
     ]
     return LabSpec(
         hosts=hosts, npus=npus, chip=chip, subnet=str(network), driver=driver, firmware=firmware,
-        cann=cann, disk_gb=disk_gb, members=members,
+        cann=cann, disk_gb=disk_gb, members=members, name=name,
     )
+
+
+def free_subnet(used: list[str], pool: str = NAMED_SUBNET_POOL) -> str:
+    """The first /24 of the pool (after the default lab's) that overlaps none of the networks in ``used``."""
+    taken = [ipaddress.ip_network(network, strict=False) for network in used]
+    for candidate in list(ipaddress.ip_network(pool).subnets(new_prefix=24))[1:]:
+        if not any(candidate.overlaps(network) for network in taken):
+            return str(candidate)
+    raise UsageError(f"no free /24 left in {pool} for another lab; pass --subnet or take a lab down")
 
 
 def bus_id(npu: int, known: list[str]) -> str:
