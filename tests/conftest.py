@@ -13,26 +13,32 @@ import signal
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Seconds each test file took in one worker (bench/suite.py prints them; tests/lab/README.md lists the lab stories).
+# Seconds each test file took (the suite prints them at its end; tests/lab/README.md lists the lab stories).
 # Only the order in which pytest-xdist hands out files depends on it: the longest first, so that no long lab
 # story starts last and runs alone at the end.  A file not listed counts as short.
 FILE_SECONDS = {
-    "tests/lab/test_upgrade.py": 880,
-    "tests/lab/test_deploy.py": 450,
-    "tests/lab/test_provision_upgrade.py": 330,
-    "tests/lab/test_provision_bare.py": 250,
-    "tests/lab/test_gateway.py": 200,
-    "tests/lab/test_cann_switch.py": 200,
-    "tests/lab/test_wheelhouse.py": 120,
-    "tests/static/test_lint.py": 100,
-    "tests/lab/test_lab_bare.py": 60,
-    "tests/lab/test_deploy_inputs.py": 60,
-    "tests/lab/test_lab_installed.py": 50,
-    "tests/lab/test_lab_errors.py": 40,
-    "tests/lab/test_ansible_run_lab.py": 40,
-    "tests/lab/test_lab_snapshot.py": 30,
-    "tests/lab/test_packages.py": 30,
-    "tests/lab/test_engine_probe_lab.py": 20,
+    "tests/lab/test_deploy.py": 520,
+    "tests/lab/test_upgrade.py": 430,
+    "tests/lab/test_tune_live.py": 360,
+    "tests/lab/test_provision_upgrade.py": 270,
+    "tests/lab/test_gateway.py": 260,
+    "tests/lab/test_provision_bare.py": 235,
+    "tests/lab/test_cann_switch.py": 190,
+    "tests/lab/test_upgrade_canary.py": 185,
+    "tests/lab/test_deploy_inputs.py": 85,
+    "tests/static/test_lint.py": 70,
+    "tests/lab/test_lab_bare.py": 55,
+    "tests/lab/test_lab_errors.py": 50,
+    "tests/unit/test_upgrade_verb.py": 47,
+    "tests/engine/test_evaluate_live.py": 44,
+    "tests/lab/test_lab_snapshot.py": 41,
+    "tests/lab/test_lab_installed.py": 40,
+    "tests/engine/test_engine_server.py": 28,
+    "tests/unit/test_inventory_reader.py": 27,
+    "tests/cli/test_tune_cli.py": 24,
+    "tests/cli/test_cli.py": 22,
+    "tests/unit/test_evaluate.py": 22,
+    "tests/lab/test_wheelhouse.py": 20,
 }
 
 

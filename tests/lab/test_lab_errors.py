@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import LAB_ROOT, dsctl, lab_leftovers, requires_lab
+from .conftest import LAB_NAME, LAB_ROOT, dsctl, lab_leftovers, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
@@ -91,7 +91,7 @@ def test_non_root_is_refused_with_exit_8():
 
 
 def test_an_interrupted_lab_up_is_cleaned_by_down_and_by_the_next_up():
-    env = {**os.environ, "DSCTL_LAB_ROOT": str(LAB_ROOT)}
+    env = {**os.environ, "DSCTL_LAB_ROOT": str(LAB_ROOT), "DSCTL_LAB_NAME": LAB_NAME}
     starting = subprocess.Popen([sys.executable, "-m", "dsctl", "lab", "up", "--hosts", "6", "--driver", "24.1.rc3"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30

@@ -413,6 +413,9 @@ class LiveTune:
 
                 return self.prober.probe(target, on_finish=finish, **kwargs)
 
+            def engine_time_scale(_, target, **kwargs):
+                return self.prober.engine_time_scale(target, **kwargs)
+
         return probe_verb.probe(_Stopping(), cfg)
 
     # ------------------------------------------------------------------ one trial
