@@ -382,3 +382,33 @@ def test_an_edited_state_naming_an_unknown_host_is_one_line(world, tmp_path):
         run(resume=True)
     assert str(refused.value) == (f"{path}: batch 3 names host h9, which \"hosts\" does not list; restore the file "
                                   "or remove it to start over")
+
+
+# -- targets and options checked before dsctl check contacts a host (issue 19) ---------------------------------
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"cann": "9.9.9"}, "--cann 9.9.9: CANN 9.9.9 is not in the releases data (known: "),
+    ({"vllm_ascend": "v9.9.9"}, "--vllm-ascend v9.9.9: vllm-ascend v9.9.9 is not in the releases data (known: "),
+    ({"driver": "99.0.0"}, "--driver 99.0.0: "),
+])
+def test_an_unknown_target_is_refused_before_any_playbook_or_probe(world, options, message):
+    from dsctl.core.fleet.matrix import StackError
+
+    fleet, run, _, _ = world
+    with pytest.raises(StackError) as refused:
+        run(**options)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    assert refused.value.exit_status == ExitStatus.USAGE
+    assert fleet.calls == []
+
+
+@pytest.mark.parametrize(("workload", "message"), [
+    ({"prompt_tokens": "abc"}, "--probe-prompt-tokens 'abc': expected N, uniform:LO:HI or normal:MEAN:STD"),
+    ({"output_tokens": "uniform:9"}, "--probe-output-tokens 'uniform:9'"),
+])
+def test_a_bad_probe_length_is_refused_with_the_options(workload, message, tmp_path):
+    from dsctl.services.upgrade import GateWorkload
+
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        UpgradeInputs(inventory=tmp_path / "none.yml", workload=GateWorkload(**workload))

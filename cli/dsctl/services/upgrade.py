@@ -47,11 +47,13 @@ from dsctl.adapters import ansible_run, state_files
 from dsctl.adapters import gateway as gateway_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
+from dsctl.core.load.workload import LengthSpec
 from dsctl.core.upgrade import gate
 from dsctl.core.upgrade.plan import (
     BatchSize,
     UpgradePlan,
     Versions,
+    check_targets,
     current_versions,
     plan_upgrade,
 )
@@ -143,6 +145,12 @@ class UpgradeInputs:
         w = self.workload
         if w.requests < 1 or w.concurrency < 1:
             raise UsageError("--probe-requests and --probe-concurrency: must be at least 1")
+        # Parsed here, not at the first baseline probe: after dsctl check has contacted every host.
+        for option, spec in (("--probe-prompt-tokens", w.prompt_tokens), ("--probe-output-tokens", w.output_tokens)):
+            try:
+                LengthSpec.parse(spec, option)
+            except ValueError as bad:
+                raise UsageError(str(bad)) from None
 
     def overrides(self) -> Versions:
         return Versions(driver=self.driver, firmware=self.firmware, cann=self.cann, vllm_ascend=self.vllm_ascend)
@@ -472,10 +480,23 @@ def _healthy(host: str, report: Mapping[str, Any]) -> str | None:
     return f"{host}: not fit to upgrade: {' '.join(sick)}" if sick else None
 
 
+def _desired(fleet: Fleet) -> dict[str, Versions]:
+    """Each host's inventory versions (its resolved stack)."""
+    desired = {}
+    for host, settings in fleet.settings.items():
+        stack = settings.stack
+        desired[host] = Versions() if stack is None else Versions(
+            driver=stack.driver, firmware=stack.firmware, cann=stack.cann, vllm_ascend=stack.vllm_ascend)
+    return desired
+
+
 def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fleet: Fleet,
               progress: ProgressSink) -> tuple[UpgradePlan, list[str], dict[str, Any]]:
     """The plan, the preflight problems (one line each) and the baseline metrics ("host/instance" -> metrics)."""
     releases = data.load("releases")
+    # A target the data does not carry (--cann 9.9.9) is refused for what it is before any host is contacted,
+    # not reported after dsctl check as "not fit to upgrade: unreachable" of hosts it never needed.
+    check_targets(releases, _desired(fleet), inputs.overrides())
     checked = check_verb.check(runner, check_verb.CheckInputs(inventory=inputs.inventory, vault=inputs.vault),
                                progress)
     problems: list[str] = []
@@ -498,11 +519,7 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
         free[host] = (raw.get("disk") or {}).get("free_mb")
     if problems:
         return UpgradePlan(hosts=(), batches=(), unchanged=(), problems=tuple(problems)), problems, {}
-    desired = {}
-    for host, settings in fleet.settings.items():
-        stack = settings.stack
-        desired[host] = Versions() if stack is None else Versions(
-            driver=stack.driver, firmware=stack.firmware, cann=stack.cann, vllm_ascend=stack.vllm_ascend)
+    desired = _desired(fleet)
     sums: dict[str, str] = {}
     for source, pin in {(settings.dsctl_package_source, settings.dsctl_package_manifest_sha256)
                         for settings in fleet.settings.values()}:

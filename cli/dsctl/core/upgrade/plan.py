@@ -204,6 +204,30 @@ def _runs(stack: DesiredStack, arch: str, parts: Sequence[str]) -> list[str]:
     return [getattr(stack, f"{part}_run").replace("{arch}", arch) for part in parts]
 
 
+_FLAGS = {"dsctl_driver_version": ("--driver", "driver"), "dsctl_firmware_version": ("--firmware", "firmware"),
+          "dsctl_cann_version": ("--cann", "cann"), "dsctl_vllm_ascend_version": ("--vllm-ascend", "vllm_ascend")}
+
+
+def check_targets(releases: Mapping, desired: Mapping[str, Versions], overrides: Versions) -> None:
+    """Refuse, before any host is contacted, a target the data cannot build: the command line over each host's
+    inventory versions (a host's current versions only fill what both leave unset, so a host without inventory
+    versions is left to `plan_upgrade`).  `StackError`, one line: exit USAGE for a version the data does not
+    carry (named by its option when the command line gave it), VALIDATION_FAILED for an incompatible stack."""
+    for host, wanted in desired.items():
+        target = overrides.over(wanted)
+        if None in (target.driver, target.firmware, target.cann, target.vllm_ascend):
+            continue
+        try:
+            _resolve(releases, target)
+        except matrix.StackError as exc:
+            field, _, reason = str(exc).partition(": ")
+            flag, attribute = _FLAGS.get(field, (None, None))
+            if flag is not None and getattr(overrides, attribute) is not None:
+                raise matrix.StackError(f"{flag} {getattr(overrides, attribute)}: {reason}",
+                                        exc.exit_status) from None
+            raise matrix.StackError(f"{host}: target {target.label()}: {exc}", exc.exit_status) from None
+
+
 def plan_upgrade(releases: Mapping, hosts: Sequence[str], *, current: Mapping[str, Versions],
                  desired: Mapping[str, Versions], overrides: Versions, arch: Mapping[str, str],
                  package_sums: Mapping[str, str], batch: BatchSize, canary: int | None = None,
