@@ -412,3 +412,11 @@ def test_a_bad_probe_length_is_refused_with_the_options(workload, message, tmp_p
 
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         UpgradeInputs(inventory=tmp_path / "none.yml", workload=GateWorkload(**workload))
+
+
+def test_an_incompatible_target_is_a_plan_problem_found_before_any_playbook(world):
+    fleet, run, _, _ = world
+    result = run(cann="8.5.0", vllm_ascend="v0.11.0")
+    assert result.exit_status == ExitStatus.VALIDATION_FAILED
+    assert result.errors[0].startswith("h1: target CANN 8.5.0") and len(result.errors) == 1
+    assert fleet.calls == []

@@ -496,7 +496,14 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
     releases = data.load("releases")
     # A target the data does not carry (--cann 9.9.9) is refused for what it is before any host is contacted,
     # not reported after dsctl check as "not fit to upgrade: unreachable" of hosts it never needed.
-    check_targets(releases, _desired(fleet), inputs.overrides())
+    try:
+        check_targets(releases, _desired(fleet), inputs.overrides())
+    except DsctlError as refused:
+        if refused.exit_status != ExitStatus.VALIDATION_FAILED:
+            raise  # a version the data does not carry: a usage error
+        # An incompatible stack is a plan problem, reported as the plan's are (the table, --json's envelope).
+        problems = [str(refused)]
+        return UpgradePlan(hosts=(), batches=(), unchanged=(), problems=tuple(problems)), problems, {}
     checked = check_verb.check(runner, check_verb.CheckInputs(inventory=inputs.inventory, vault=inputs.vault),
                                progress)
     problems: list[str] = []

@@ -31,7 +31,7 @@ from packaging.version import InvalidVersion, Version
 from dsctl.core.fleet import matrix
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.core.fleet.versions import same_release
-from dsctl.errors import DsctlError, UsageError
+from dsctl.errors import DsctlError, ExitStatus, UsageError
 
 COMPONENTS = ("driver", "firmware", "cann", "vllm_ascend")
 VARIABLES = {"driver": matrix.DRIVER_VAR, "firmware": matrix.FIRMWARE_VAR, "cann": matrix.CANN_VAR,
@@ -222,7 +222,8 @@ def check_targets(releases: Mapping, desired: Mapping[str, Versions], overrides:
         except matrix.StackError as exc:
             field, _, reason = str(exc).partition(": ")
             flag, attribute = _FLAGS.get(field, (None, None))
-            if flag is not None and getattr(overrides, attribute) is not None:
+            if (exc.exit_status == ExitStatus.USAGE and flag is not None
+                    and getattr(overrides, attribute) is not None):
                 raise matrix.StackError(f"{flag} {getattr(overrides, attribute)}: {reason}",
                                         exc.exit_status) from None
             raise matrix.StackError(f"{host}: target {target.label()}: {exc}", exc.exit_status) from None
