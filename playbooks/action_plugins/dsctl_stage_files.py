@@ -11,6 +11,7 @@ the files with pip --require-hashes.
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 import tempfile
 
@@ -30,20 +31,37 @@ def _checked_names(src: str, files) -> list[str]:
     for name in names:
         if name in ("", ".", "..") or "/" in name or "\0" in name:
             raise AnsibleActionFail(f"dsctl_stage_files: {name!r} is not a plain file name")
-        if not os.path.isfile(os.path.join(src, name)):
-            raise AnsibleActionFail(f"dsctl_stage_files: {name} is not in {src}; build the wheelhouse again")
+        try:
+            mode = os.lstat(os.path.join(src, name)).st_mode
+        except FileNotFoundError:
+            raise AnsibleActionFail(f"dsctl_stage_files: {name} is not in {src}; build the wheelhouse again") from None
+        # A link would arrive as a link (evil.whl -> /etc/shadow on the host), a FIFO would hang the packing.
+        if stat.S_ISLNK(mode):
+            raise AnsibleActionFail(f"dsctl_stage_files: {src}/{name} is a symlink; nothing was sent: put the file "
+                                    "itself in the wheelhouse (build it again)")
+        if not stat.S_ISREG(mode):
+            raise AnsibleActionFail(f"dsctl_stage_files: {src}/{name} is not a regular file; nothing was sent: "
+                                    "build the wheelhouse again")
     return names
 
 
 def _pack(src: str, names: list[str], bundle: str) -> None:
     with tarfile.open(bundle, "w", format=tarfile.PAX_FORMAT) as tar:
         for name in names:
-            path = os.path.join(src, name)
-            info = tar.gettarinfo(path, arcname=name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            info.mode = 0o644
-            with open(path, "rb") as handle:
+            # O_NOFOLLOW and fstat: a name swapped for a link after _checked_names is refused here, not packed.
+            try:
+                descriptor = os.open(os.path.join(src, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError as error:
+                raise AnsibleActionFail(f"dsctl_stage_files: cannot read {src}/{name} as a regular file "
+                                        f"({error.strerror}); nothing was sent: build the wheelhouse again") from None
+            with os.fdopen(descriptor, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise AnsibleActionFail(f"dsctl_stage_files: {src}/{name} is not a regular file; nothing was "
+                                            "sent: build the wheelhouse again")
+                info = tar.gettarinfo(arcname=name, fileobj=handle)
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                info.mode = 0o644
                 tar.addfile(info, handle)
 
 

@@ -74,3 +74,40 @@ def test_a_plain_http_package_source_without_a_pin_is_refused_before_any_host(ca
     assert main(["provision", str(inventory)]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "dsctl_package_source: plain http://" in line and "dsctl_package_manifest_sha256" in line
+
+
+@pytest.mark.parametrize("setting, value, needle", [
+    ("dsctl_serving_venv", "/usr", "dsctl_serving_venv: '/usr' is a system directory; dsctl would replace it. "
+                                   "Fix: a directory of its own such as /opt/dsctl/serving-venv"),
+    ("dsctl_serving_venv", "/opt/dsctl/serving-venv/", "dsctl_serving_venv: '/opt/dsctl/serving-venv/' is not a "
+                                                       "normalised path"),
+    ("dsctl_staging_dir", "/", "dsctl_staging_dir: '/' is the root directory"),
+    ("dsctl_env_file", "/etc/shadow", "dsctl_env_file: '/etc/shadow' is a file the system owns"),
+])
+@pytest.mark.parametrize("verb", ["check", "provision"])
+def test_a_path_a_role_would_damage_as_root_is_refused_before_any_host(capsys, tmp_path, verb, setting, value,
+                                                                        needle):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  children:\n    npu_nodes:\n      hosts:\n"
+                         "        a: {ansible_host: 127.0.0.1, ansible_port: 9}\n"
+                         "      vars:\n        dsctl_npu_count: 8\n        dsctl_package_source: /srv/ascend\n"
+                         f"        {setting}: {value}\n")
+    assert main([verb, str(inventory)]) == 2
+    assert needle in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--cann", "9.9.9"], "--cann 9.9.9: CANN 9.9.9 is not in the releases data"),
+    (["--vllm-ascend", "v9.9.9"], "--vllm-ascend v9.9.9: vllm-ascend v9.9.9 is not in the releases data"),
+    (["--probe-prompt-tokens", "abc"], "--probe-prompt-tokens 'abc': expected N"),
+])
+def test_upgrade_refuses_its_targets_and_options_before_any_host(capsys, tmp_path, args, needle):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  children:\n    npu_nodes:\n      hosts:\n"
+                         "        a: {ansible_host: 127.0.0.1, ansible_port: 9}\n"
+                         "      vars:\n        dsctl_npu_count: 8\n        dsctl_package_source: /srv/ascend\n")
+    started = time.monotonic()
+    assert main(["upgrade", str(inventory), *args]) == 2
+    assert time.monotonic() - started < 5.0  # no ansible-playbook ran
+    line = one_error_line(capsys.readouterr().err)
+    assert needle in line and "unreachable" not in line

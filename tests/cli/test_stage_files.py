@@ -64,3 +64,23 @@ def test_a_name_outside_src_is_refused_before_anything_is_sent(tmp_path, name, s
     run = stage(tmp_path, src, [name], dest)
     assert run.returncode != 0 and says in run.stdout, run.stdout
     assert list(dest.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_a_link_or_a_non_regular_file_is_refused_before_anything_is_sent(tmp_path, kind):
+    src, dest = tmp_path / "wheelhouse", tmp_path / "staging"
+    src.mkdir()
+    dest.mkdir()
+    (src / "good-1.0-py3-none-any.whl").write_bytes(b"good")
+    evil = src / "evil-1.0-py3-none-any.whl"
+    if kind == "symlink":
+        evil.symlink_to("/etc/shadow")
+    elif kind == "fifo":
+        os.mkfifo(evil)
+    else:
+        evil.mkdir()
+    run = stage(tmp_path, src, ["good-1.0-py3-none-any.whl", evil.name], dest)
+    says = "is a symlink" if kind == "symlink" else "is not a regular file"
+    assert run.returncode != 0 and f"{evil}" in run.stdout and says in run.stdout, run.stdout
+    assert "nothing was sent" in run.stdout
+    assert list(dest.iterdir()) == []

@@ -76,3 +76,15 @@ def test_render_refuses_a_name_parse_would_not_read_back(name):
 def test_render_refuses_a_digest_that_is_not_64_hex(digest):
     with pytest.raises(DsctlError, match="the digest of x.run is not 64 hex digits"):
         sha256sums.render({"x.run": digest})
+
+
+@pytest.mark.parametrize("name", ["../../x.whl", "../x.run", "wheels/x.whl", "/etc/shadow", "back\\slash.whl",
+                                  "..", ".", "bell\x07.whl", "del\x7f.whl", "tab\tin.whl"])
+def test_a_name_that_is_not_a_plain_file_name_is_refused_naming_the_line(name):
+    # The roles use each name as a get_url destination below the staging directory.
+    with pytest.raises(DsctlError) as refused:
+        sha256sums.parse(f"{B}  fine.run\n{A}  {name}\n", source="https://mirror.example/wheels/SHA256SUMS")
+    message = str(refused.value)
+    assert message.startswith(f"https://mirror.example/wheels/SHA256SUMS line 2 names {name!r}, not a plain file "
+                              "name (no '/', '\\', control character, '.' or '..')")
+    assert "\n" not in message

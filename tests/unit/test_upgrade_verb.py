@@ -290,3 +290,133 @@ def test_the_command_prints_the_plan_table_and_the_json_envelope(world, monkeypa
     assert main(["upgrade", str(inventory), "--batch", "two"], context=context) == 2
     assert "dsctl: error: --batch 'two': expected a host count" in capsys.readouterr().err
     assert not (tmp_path / "xdg").exists()
+
+
+# -- one fleet, one state, one upgrade at a time (issue 19) ----------------------------------------------------
+
+
+@pytest.fixture
+def keyed(world, tmp_path, monkeypatch):
+    """The world with its state where dsctl keeps it by default (under the runs directory's parent)."""
+    from dsctl.adapters import ansible_run
+
+    monkeypatch.setattr(ansible_run, "runs_dir", lambda: tmp_path / "state" / "runs")
+    fleet, _, inventory, _ = world
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hosts.yml").write_text(inventory.read_text())
+    (site / "group_vars").mkdir()
+    (site / "README.md").write_text("not an inventory source\n")
+    (tmp_path / "link").symlink_to(site)
+
+    def run(spelling, **options):
+        return upgrade(fleet, fleet, UpgradeInputs(inventory=Path(spelling), **options), gateway=fleet)
+
+    return fleet, run, site
+
+
+def test_every_spelling_of_an_inventory_keys_the_same_state(keyed, tmp_path, monkeypatch):
+    _, _, site = keyed
+    monkeypatch.chdir(tmp_path)
+    spellings = [site, tmp_path / "site" / ".." / "site", tmp_path / "link", Path("site"), site / "hosts.yml",
+                 tmp_path / "link" / "hosts.yml"]
+    paths = {UpgradeInputs(inventory=spelling).state_path() for spelling in spellings}
+    assert len(paths) == 1, paths
+
+
+def test_an_unfinished_upgrade_is_seen_through_another_spelling(keyed, tmp_path):
+    fleet, run, site = keyed
+    fleet.interrupt = ("deploy.yml", "h2")
+    with pytest.raises(UpgradeInterrupted):
+        run(site, **TO_NEW)
+    for spelling in (tmp_path / "link", site / "hosts.yml", tmp_path / "site" / ".." / "site"):
+        with pytest.raises(UsageError, match="unfinished"):
+            run(spelling, **TO_NEW)
+
+
+def test_a_second_upgrade_of_the_same_fleet_is_refused_naming_the_first_s_pid(keyed, tmp_path):
+    import os
+
+    from dsctl.adapters import state_files
+
+    fleet, run, site = keyed
+    lock = UpgradeInputs(inventory=site).state_path().with_name("state.lock")
+    with state_files.exclusive(lock, "the first upgrade"):
+        with pytest.raises(state_files.StateLocked) as refused:
+            run(tmp_path / "link", **TO_NEW)
+    assert f"is already running (pid {os.getpid()}" in str(refused.value) and "\n" not in str(refused.value)
+    assert refused.value.exit_status == ExitStatus.ERROR
+    assert fleet.calls == []  # refused before dsctl check
+    assert run(site, **TO_NEW).exit_status == ExitStatus.OK  # the lock went with its holder
+
+
+def test_the_state_is_fsynced_with_its_directory(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from dsctl.adapters import state_files
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(stat.S_ISDIR(os.fstat(fd).st_mode)), real_fsync(fd)))
+    state_files.write_durably(tmp_path / "upgrade" / "state.json", "{}\n")
+    assert synced == [False, True]  # the file, then the directory holding the rename
+    assert (tmp_path / "upgrade" / "state.json").read_text() == "{}\n"
+    assert [p.name for p in (tmp_path / "upgrade").iterdir()] == ["state.json"]
+
+
+def test_an_edited_state_naming_an_unknown_host_is_one_line(world, tmp_path):
+    import json
+
+    from dsctl.core.upgrade.state import StateError
+
+    fleet, run, _, _ = world
+    fleet.interrupt = ("deploy.yml", "h2")
+    with pytest.raises(UpgradeInterrupted):
+        run(**TO_NEW)
+    path = tmp_path / "upgrade" / "state.json"
+    state = json.loads(path.read_text())
+    state["batches"][2] = ["h9"]
+    path.write_text(json.dumps(state))
+    with pytest.raises(StateError) as refused:
+        run(resume=True)
+    assert str(refused.value) == (f"{path}: batch 3 names host h9, which \"hosts\" does not list; restore the file "
+                                  "or remove it to start over")
+
+
+# -- targets and options checked before dsctl check contacts a host (issue 19) ---------------------------------
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"cann": "9.9.9"}, "--cann 9.9.9: CANN 9.9.9 is not in the releases data (known: "),
+    ({"vllm_ascend": "v9.9.9"}, "--vllm-ascend v9.9.9: vllm-ascend v9.9.9 is not in the releases data (known: "),
+    ({"driver": "99.0.0"}, "--driver 99.0.0: "),
+])
+def test_an_unknown_target_is_refused_before_any_playbook_or_probe(world, options, message):
+    from dsctl.core.fleet.matrix import StackError
+
+    fleet, run, _, _ = world
+    with pytest.raises(StackError) as refused:
+        run(**options)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    assert refused.value.exit_status == ExitStatus.USAGE
+    assert fleet.calls == []
+
+
+@pytest.mark.parametrize(("workload", "message"), [
+    ({"prompt_tokens": "abc"}, "--probe-prompt-tokens 'abc': expected N, uniform:LO:HI or normal:MEAN:STD"),
+    ({"output_tokens": "uniform:9"}, "--probe-output-tokens 'uniform:9'"),
+])
+def test_a_bad_probe_length_is_refused_with_the_options(workload, message, tmp_path):
+    from dsctl.services.upgrade import GateWorkload
+
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        UpgradeInputs(inventory=tmp_path / "none.yml", workload=GateWorkload(**workload))
+
+
+def test_an_incompatible_target_is_a_plan_problem_found_before_any_playbook(world):
+    fleet, run, _, _ = world
+    result = run(cann="8.5.0", vllm_ascend="v0.11.0")
+    assert result.exit_status == ExitStatus.VALIDATION_FAILED
+    assert result.errors[0].startswith("h1: target CANN 8.5.0") and len(result.errors) == 1
+    assert fleet.calls == []

@@ -43,15 +43,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dsctl import data
-from dsctl.adapters import ansible_run
+from dsctl.adapters import ansible_run, state_files
 from dsctl.adapters import gateway as gateway_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
+from dsctl.core.load.workload import LengthSpec
 from dsctl.core.upgrade import gate
 from dsctl.core.upgrade.plan import (
     BatchSize,
     UpgradePlan,
     Versions,
+    check_targets,
     current_versions,
     plan_upgrade,
 )
@@ -66,6 +68,7 @@ from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progre
 from dsctl.services.probe import ProbeConfig, probe
 
 STATE_FILE = "state.json"
+LOCK_FILE = "state.lock"  # flock()ed while an upgrade of the fleet runs (adapters/state_files)
 GATE_WARMUP = 2
 HEALTHY_STATUSES = ("ok", "warning", "error")  # "error" may be version drift the upgrade is about; judged below
 SICK_COMPONENTS = ("npu", "system")  # error findings there mean the host is not fit to be upgraded
@@ -142,16 +145,50 @@ class UpgradeInputs:
         w = self.workload
         if w.requests < 1 or w.concurrency < 1:
             raise UsageError("--probe-requests and --probe-concurrency: must be at least 1")
+        # Parsed here, not at the first baseline probe: after dsctl check has contacted every host.
+        for option, spec in (("--probe-prompt-tokens", w.prompt_tokens), ("--probe-output-tokens", w.output_tokens)):
+            try:
+                LengthSpec.parse(spec, option)
+            except ValueError as bad:
+                raise UsageError(str(bad)) from None
 
     def overrides(self) -> Versions:
         return Versions(driver=self.driver, firmware=self.firmware, cann=self.cann, vllm_ascend=self.vllm_ascend)
 
     def state_path(self) -> Path:
+        """The fleet's state file, keyed by `fleet_key`: one fleet, one state, however its inventory is spelt."""
         if self.state_dir is not None:
             return self.state_dir / STATE_FILE
-        inventory = Path(self.inventory).expanduser().absolute()
-        key = hashlib.sha256(str(inventory).encode()).hexdigest()[:8]
-        return ansible_run.runs_dir().parent / "upgrades" / f"{inventory.stem}-{key}" / STATE_FILE
+        return _state_path(fleet_key(self.inventory))
+
+    def legacy_state_path(self) -> Path:
+        """Where dsctl before issue 19 kept it (the path as given, made absolute), still read if present."""
+        if self.state_dir is not None:
+            return self.state_dir / STATE_FILE
+        return _state_path(Path(self.inventory).expanduser().absolute())
+
+
+# Files Ansible skips in a directory inventory (its INVENTORY_IGNORE_EXTS default).
+_IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry")
+
+
+def fleet_key(inventory: Path) -> Path:
+    """The path that names a fleet: the inventory resolved (symlinks, ``..``, relative spellings), and a directory
+    inventory holding a single inventory file keyed as that file, since Ansible reads the same hosts and
+    group_vars either way.  Without it ``inv`` and ``inv/../inv`` were two upgrades, each blind to the other's
+    unfinished state."""
+    real = Path(os.path.realpath(Path(inventory).expanduser()))
+    if real.is_dir():
+        sources = [entry for entry in real.iterdir() if entry.is_file() and not entry.name.startswith(".")
+                   and not entry.name.endswith(_IGNORED_SUFFIXES)]
+        if len(sources) == 1:
+            return sources[0]
+    return real
+
+
+def _state_path(inventory: Path) -> Path:
+    key = hashlib.sha256(str(inventory).encode()).hexdigest()[:8]
+    return ansible_run.runs_dir().parent / "upgrades" / f"{inventory.stem}-{key}" / STATE_FILE
 
 
 @dataclass(frozen=True)
@@ -205,10 +242,10 @@ class _Run:
     """One invocation: the fleet, the ports, the state and its file."""
 
     def __init__(self, runner: PlaybookRunner, prober: Prober, gateway: Gateway, inputs: UpgradeInputs,
-                 progress: ProgressSink, fleet: Fleet, state: UpgradeState):
+                 progress: ProgressSink, fleet: Fleet, state: UpgradeState, path: Path):
         self.runner, self.prober, self.gateway, self.inputs = runner, prober, gateway, inputs
         self.progress, self.fleet, self.state = progress, fleet, state
-        self.path = inputs.state_path()
+        self.path = path
         self.limits = gate.parse_max_regression(state.max_regression)
         self.instances = _instances(fleet)
         self.started = time.monotonic()
@@ -217,10 +254,8 @@ class _Run:
     # ---------------------------------------------------------------- plumbing
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(self.state.to_json(), encoding="utf-8")
-        os.replace(temporary, self.path)  # atomic: an interrupted write never leaves half a state
+        # Atomic and durable: an interrupted write or a power cut leaves the old state or the new one.
+        state_files.write_durably(self.path, self.state.to_json())
 
     def say(self, hosts: Sequence[str] | None, stage: str, msg: str) -> None:
         batches = len(self.state.batches)
@@ -445,10 +480,30 @@ def _healthy(host: str, report: Mapping[str, Any]) -> str | None:
     return f"{host}: not fit to upgrade: {' '.join(sick)}" if sick else None
 
 
+def _desired(fleet: Fleet) -> dict[str, Versions]:
+    """Each host's inventory versions (its resolved stack)."""
+    desired = {}
+    for host, settings in fleet.settings.items():
+        stack = settings.stack
+        desired[host] = Versions() if stack is None else Versions(
+            driver=stack.driver, firmware=stack.firmware, cann=stack.cann, vllm_ascend=stack.vllm_ascend)
+    return desired
+
+
 def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fleet: Fleet,
               progress: ProgressSink) -> tuple[UpgradePlan, list[str], dict[str, Any]]:
     """The plan, the preflight problems (one line each) and the baseline metrics ("host/instance" -> metrics)."""
     releases = data.load("releases")
+    # A target the data does not carry (--cann 9.9.9) is refused for what it is before any host is contacted,
+    # not reported after dsctl check as "not fit to upgrade: unreachable" of hosts it never needed.
+    try:
+        check_targets(releases, _desired(fleet), inputs.overrides())
+    except DsctlError as refused:
+        if refused.exit_status != ExitStatus.VALIDATION_FAILED:
+            raise  # a version the data does not carry: a usage error
+        # An incompatible stack is a plan problem, reported as the plan's are (the table, --json's envelope).
+        problems = [str(refused)]
+        return UpgradePlan(hosts=(), batches=(), unchanged=(), problems=tuple(problems)), problems, {}
     checked = check_verb.check(runner, check_verb.CheckInputs(inventory=inputs.inventory, vault=inputs.vault),
                                progress)
     problems: list[str] = []
@@ -471,11 +526,7 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
         free[host] = (raw.get("disk") or {}).get("free_mb")
     if problems:
         return UpgradePlan(hosts=(), batches=(), unchanged=(), problems=tuple(problems)), problems, {}
-    desired = {}
-    for host, settings in fleet.settings.items():
-        stack = settings.stack
-        desired[host] = Versions() if stack is None else Versions(
-            driver=stack.driver, firmware=stack.firmware, cann=stack.cann, vllm_ascend=stack.vllm_ascend)
+    desired = _desired(fleet)
     sums: dict[str, str] = {}
     for source, pin in {(settings.dsctl_package_source, settings.dsctl_package_manifest_sha256)
                         for settings in fleet.settings.values()}:
@@ -542,6 +593,17 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
     gateway = gateway if gateway is not None else gateway_adapter
     fleet = load_fleet(inputs.inventory, vault=inputs.vault)
     path = inputs.state_path()
+    if not path.is_file() and inputs.legacy_state_path().is_file():
+        path = inputs.legacy_state_path()
+    if inputs.check:  # reads the fleet, writes no state: it may run beside an upgrade
+        return _upgrade(runner, prober, inputs, progress, gateway, fleet, path)
+    # One upgrade of a fleet at a time: a second would read a state the first is rewriting and act on the same hosts.
+    with state_files.exclusive(path.with_name(LOCK_FILE), f"an upgrade of {inputs.inventory}"):
+        return _upgrade(runner, prober, inputs, progress, gateway, fleet, path)
+
+
+def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progress: ProgressSink,
+             gateway: Gateway, fleet: Fleet, path: Path) -> UpgradeResult:
     plan: UpgradePlan | None = None
     if inputs.resume or inputs.rollback:
         state = _load_state(path)
@@ -567,7 +629,7 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
             return UpgradeResult(hosts=rows, check_mode=True, exit_status=ExitStatus.OK, errors=(), state_file=None,
                                  plan=plan.to_dict())
         state.baseline = baseline
-    run = _Run(runner, prober, gateway, inputs, progress, fleet, state)
+    run = _Run(runner, prober, gateway, inputs, progress, fleet, state, path)
     run.save()
     try:
         if inputs.rollback:

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.matrix import resolve_stack
+from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
 
 # Text (strict str) and AccountName are shared with the service schema.
@@ -64,6 +65,15 @@ def _one_line(value: str) -> str:
 # or a boolean (the roles would compare a float, or treat the string "false" as true).
 # Every path setting: absolute, of a character set no shell, unit file or supervisor program gives a meaning to.
 SafePath = Annotated[Text, AfterValidator(safe_path)]
+
+
+# A path a role writes, deletes or chmods as root: the safe character set, then dsctl.core.fleet.root_paths's
+# rule (normalised, not / or a system directory or file); `action` is what the error says dsctl would do there.
+def _root_dir(action: str, example: str) -> Any:
+    return Annotated[Text, AfterValidator(safe_path), AfterValidator(root_dir(action, example)),
+                     Field(description=SAFE_PATH_WORDS)]
+
+
 PathOrUrl = Annotated[Text, AfterValidator(_path_or_url)]
 HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 OneLine = Annotated[Text, AfterValidator(_one_line)]
@@ -112,7 +122,8 @@ class HostSettings(BaseModel):
     dsctl_firmware_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_cann_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_vllm_ascend_version: Annotated[Version | None, Field(description=f"{_VERSION} or none")] = None
-    dsctl_install_path: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/usr/local/Ascend"
+    dsctl_install_path: _root_dir("install CANN into it and remove old versions there", "/usr/local/Ascend") = \
+        "/usr/local/Ascend"
     dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
     dsctl_run_group: Annotated[AccountName, Field(description="a group name")] = "HwHiAiUser"
     dsctl_force_unhealthy: Annotated[Flag, Field(description=_FLAG)] = False
@@ -136,14 +147,19 @@ class HostSettings(BaseModel):
     dsctl_ascend_env_profile: Annotated[
         str | None, Field(strict=True, description="a profile name from dsctl/data/ascend_env.yaml, or none")
     ] = None
-    dsctl_serving_venv: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/opt/dsctl/serving-venv"
+    dsctl_serving_venv: _root_dir("replace it", "/opt/dsctl/serving-venv") = "/opt/dsctl/serving-venv"
     # Defaults to <dsctl_package_source>/wheels (see _default_wheelhouse).
     dsctl_wheelhouse: Annotated[PathOrUrl | None, Field(description=_PATH_OR_URL)] = None
     dsctl_pip_index_url: Annotated[HttpUrl | None, Field(description="an http(s):// URL")] = None
     # A hash lock on the controller (dsctl wheelhouse build); default: the wheelhouse's lock for the host.
     dsctl_pip_lock: Annotated[SafePath | None, Field(description=SAFE_PATH_WORDS)] = None
-    dsctl_staging_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/var/cache/dsctl/packages"
-    dsctl_env_file: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/etc/profile.d/dsctl-ascend.sh"
+    dsctl_staging_dir: _root_dir("make it root's alone (mode 0700)", "/var/cache/dsctl/packages") = \
+        "/var/cache/dsctl/packages"
+    dsctl_env_file: Annotated[
+        Text, AfterValidator(safe_path),
+        AfterValidator(root_env_file("overwrite it", "/etc/profile.d/dsctl-ascend.sh")),
+        Field(description=SAFE_PATH_WORDS),
+    ] = "/etc/profile.d/dsctl-ascend.sh"
     # Inference services (dsctl deploy); each entry is checked by dsctl.core.serving.service in validate_fleet.
     dsctl_services: Annotated[
         list[Any], Field(strict=True, description="a list of services (see inventories/sample)")
@@ -151,8 +167,9 @@ class HostSettings(BaseModel):
     dsctl_service_manager: Annotated[
         Literal["systemd", "supervisor", "container"], Field(description="systemd, supervisor or container")
     ] = "systemd"
-    dsctl_service_config_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/etc/dsctl/services"
-    dsctl_service_log_dir: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/var/log/dsctl"
+    dsctl_service_config_dir: _root_dir("move the directories it does not declare out of it", "/etc/dsctl/services") = \
+        "/etc/dsctl/services"
+    dsctl_service_log_dir: _root_dir("make it root's (mode 0755)", "/var/log/dsctl") = "/var/log/dsctl"
     # The gateway in front of the instances: checked by dsctl.core.serving.gateway when the gateway is planned.
     dsctl_gateway: Annotated[Any, Field(description="a mapping (see dsctl.core.serving.gateway)")] = None
     dsctl_gateway_on_controller: Annotated[Flag, Field(description=_FLAG)] = False
@@ -247,6 +264,8 @@ def _problem(error: Mapping[str, Any]) -> str:
     if isinstance((error.get("ctx") or {}).get("error"), PinMissing):
         return str(error["ctx"]["error"])
     field = str(error["loc"][0]) if error.get("loc") else "inventory"
+    if isinstance((error.get("ctx") or {}).get("error"), RootPathRefused):
+        return f"{field}: {error['ctx']['error']}"
     info = HostSettings.model_fields.get(field)
     expected = info.description if info is not None and info.description else "a valid value"
     if error["type"] == "missing":

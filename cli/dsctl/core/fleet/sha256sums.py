@@ -40,12 +40,21 @@ def parse(text: str, source: str = "SHA256SUMS") -> dict[str, str]:
         if found is None:
             raise DsctlError(f"{source} line {number} is not '<sha256>  <file name>': {line[:80]!r}; {FIX}")
         name, digest = found["name"], found["digest"].lower()
+        if _not_plain(name):
+            # The roles join the name to a staging directory (get_url's dest): "../../x" would land outside it.
+            raise DsctlError(f"{source} line {number} names {name[:80]!r}, not a plain file name (no '/', '\\', "
+                             f"control character, '.' or '..'); {FIX} in the directory of the files")
         if sums.get(name, digest) != digest:
             raise DsctlError(f"{source} line {number} lists {name} again with another digest than line "
                              f"{first_line[name]}; {FIX}")
         sums[name] = digest
         first_line.setdefault(name, number)
     return sums
+
+
+def _not_plain(name: str) -> bool:
+    return (name in (".", "..") or "/" in name or "\\" in name
+            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name))
 
 
 def render(digests: Mapping[str, str]) -> str:

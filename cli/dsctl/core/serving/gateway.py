@@ -44,6 +44,7 @@ import jinja2
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsctl.assets import asset_root
+from dsctl.core.fleet.root_paths import RootPathRefused, root_dir
 from dsctl.core.serving.service import (
     AccountName,
     BindAddress,
@@ -132,9 +133,13 @@ class GatewaySpec(BaseModel):
                                            description="an integer 0..256 (0: one per CPU)")] = 0
     worker_connections: Annotated[int, Field(strict=True, ge=64, le=65536,
                                              description="an integer 64..65536")] = 4096
-    config_dir: Annotated[AbsolutePath, Field(description=_PATH)] = "/etc/dsctl/gateway"
-    state_dir: Annotated[AbsolutePath, Field(description=_PATH)] = "/var/lib/dsctl-gateway"
-    log_dir: Annotated[AbsolutePath, Field(description=_PATH)] = "/var/log/dsctl"
+    # The gateway role creates these as root (mode 0755): dsctl.core.fleet.root_paths's rule too.
+    config_dir: Annotated[AbsolutePath, AfterValidator(root_dir("make it root's (mode 0755)", "/etc/dsctl/gateway")),
+                          Field(description=_PATH)] = "/etc/dsctl/gateway"
+    state_dir: Annotated[AbsolutePath, AfterValidator(root_dir("make it root's (mode 0755)", "/var/lib/dsctl-gateway")),
+                         Field(description=_PATH)] = "/var/lib/dsctl-gateway"
+    log_dir: Annotated[AbsolutePath, AfterValidator(root_dir("make it root's (mode 0755)", "/var/log/dsctl")),
+                       Field(description=_PATH)] = "/var/log/dsctl"
     pid_file: Annotated[AbsolutePath, Field(description=_PATH)] = "/run/dsctl-gateway.pid"
 
     @field_validator("worker_user")
@@ -205,6 +210,8 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
         name = str(loc[-2])
     info = model.model_fields.get(name)
     expected = info.description if info is not None and info.description else "a valid value"
+    if isinstance((error.get("ctx") or {}).get("error"), RootPathRefused):
+        return f"{field}: {error['ctx']['error']}"
     if error["type"] == "extra_forbidden":
         known = list(model.model_fields)
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)

@@ -31,7 +31,7 @@ from packaging.version import InvalidVersion, Version
 from dsctl.core.fleet import matrix
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.core.fleet.versions import same_release
-from dsctl.errors import DsctlError, UsageError
+from dsctl.errors import DsctlError, ExitStatus, UsageError
 
 COMPONENTS = ("driver", "firmware", "cann", "vllm_ascend")
 VARIABLES = {"driver": matrix.DRIVER_VAR, "firmware": matrix.FIRMWARE_VAR, "cann": matrix.CANN_VAR,
@@ -202,6 +202,31 @@ def _resolve(releases: Mapping, versions: Versions) -> DesiredStack:
 
 def _runs(stack: DesiredStack, arch: str, parts: Sequence[str]) -> list[str]:
     return [getattr(stack, f"{part}_run").replace("{arch}", arch) for part in parts]
+
+
+_FLAGS = {"dsctl_driver_version": ("--driver", "driver"), "dsctl_firmware_version": ("--firmware", "firmware"),
+          "dsctl_cann_version": ("--cann", "cann"), "dsctl_vllm_ascend_version": ("--vllm-ascend", "vllm_ascend")}
+
+
+def check_targets(releases: Mapping, desired: Mapping[str, Versions], overrides: Versions) -> None:
+    """Refuse, before any host is contacted, a target the data cannot build: the command line over each host's
+    inventory versions (a host's current versions only fill what both leave unset, so a host without inventory
+    versions is left to `plan_upgrade`).  `StackError`, one line: exit USAGE for a version the data does not
+    carry (named by its option when the command line gave it), VALIDATION_FAILED for an incompatible stack."""
+    for host, wanted in desired.items():
+        target = overrides.over(wanted)
+        if None in (target.driver, target.firmware, target.cann, target.vllm_ascend):
+            continue
+        try:
+            _resolve(releases, target)
+        except matrix.StackError as exc:
+            field, _, reason = str(exc).partition(": ")
+            flag, attribute = _FLAGS.get(field, (None, None))
+            if (exc.exit_status == ExitStatus.USAGE and flag is not None
+                    and getattr(overrides, attribute) is not None):
+                raise matrix.StackError(f"{flag} {getattr(overrides, attribute)}: {reason}",
+                                        exc.exit_status) from None
+            raise matrix.StackError(f"{host}: target {target.label()}: {exc}", exc.exit_status) from None
 
 
 def plan_upgrade(releases: Mapping, hosts: Sequence[str], *, current: Mapping[str, Versions],

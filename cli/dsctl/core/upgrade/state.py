@@ -119,6 +119,12 @@ class UpgradeState:
         for run in state.hosts.values():
             if run.stage not in (*STAGES, ROLLING_BACK, ROLLED_BACK):
                 raise StateError(f"{source}: host {run.host} has unknown stage {run.stage!r}")
+        # An edited file: every batch, table and rollback looks its hosts up in "hosts" (else a KeyError).
+        for number, batch in enumerate(state.batches, start=1):
+            for host in batch:
+                if host not in state.hosts:
+                    raise StateError(f"{source}: batch {number} names host {host}, which \"hosts\" does not "
+                                     "list; restore the file or remove it to start over")
         return state
 
     # ------------------------------------------------------------------ transitions
