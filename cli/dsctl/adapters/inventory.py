@@ -121,6 +121,10 @@ def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | Non
     limit that selects no host of the group.
     """
     if not inventory.is_file() and not inventory.is_dir():
+        # /dev/null or a FIFO exists: "does not exist" would send the user looking for the wrong mistake.
+        if inventory.exists():
+            raise UsageError(f"inventory: {inventory} is not a file or directory of an inventory; pass an "
+                             "inventory YAML file or its directory")
         raise UsageError(f"inventory: {inventory} does not exist; pass the path `dsctl lab up` printed or your own")
     check_yaml_bounds(inventory)
     vault = vault or VaultOptions()
