@@ -209,6 +209,16 @@ class HostSettings(BaseModel):
                 values = {**values, "dsctl_wheelhouse": source.rstrip("/") + "/wheels"}
         return values
 
+    @field_validator("dsctl_run_user")
+    @classmethod
+    def _not_root(cls, user: str) -> str:
+        # The npu_driver role makes this account with the run group as primary group and /bin/bash as shell:
+        # on root that silently rewrites the superuser. Only the name is knowable here; "root" is uid 0.
+        if user == "root":
+            raise InventoryError("dsctl_run_user: root is refused: the npu_driver role would change that account's "
+                                 "group and shell; name an unprivileged account such as HwHiAiUser; " + FIX)
+        return user
+
     @field_validator("dsctl_ascend_env", mode="before")
     @classmethod
     def _empty_env(cls, overrides: Any) -> Any:
