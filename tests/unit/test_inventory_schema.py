@@ -287,3 +287,13 @@ def test_root_as_the_run_user_is_refused():
                            "change that account's group and shell")
     assert problem({**SITE, "dsctl_run_user": "root"}).exit_status == ExitStatus.USAGE
     assert validate_host_vars("lab-01", {**SITE, "dsctl_run_user": "rooty"}).dsctl_run_user == "rooty"
+
+
+def test_a_malformed_gateway_is_refused_with_the_host_settings():
+    # Typed Any before: any value passed until the gateway was planned, after the rollout.
+    line = str(problem({**SITE, "dsctl_gateway": {"services": [{"service": "chat", "port": "x"}]}}))
+    assert line.startswith("inventory: host lab-01: dsctl_gateway.services[0].port: expected a port")
+    assert str(problem({**SITE, "dsctl_gateway": "chat"})).startswith(
+        "inventory: host lab-01: dsctl_gateway: expected a mapping with services")
+    settings = validate_host_vars("lab-01", {**SITE, "dsctl_gateway": {"services": [{"service": "chat", "port": 80}]}})
+    assert settings.dsctl_gateway.services[0].service == "chat"

@@ -224,7 +224,17 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
 
 def validate_gateway(host: str, value: Any) -> GatewaySpec:
     """``dsctl_gateway`` of ``host`` -> its `GatewaySpec`; `GatewayError` (one line: host and field) if wrong."""
-    prefix = f"inventory: host {host}: {GATEWAY_VAR}"
+    try:
+        return check_gateway(value)
+    except GatewayError as problem:
+        raise GatewayError(f"inventory: host {host}: {problem}") from None
+
+
+def check_gateway(value: Any) -> GatewaySpec:
+    """`validate_gateway` without the host: the inventory schema's validator (it names the host itself)."""
+    if isinstance(value, GatewaySpec):  # validated once already (a fleet laid over with other variables)
+        return value
+    prefix = GATEWAY_VAR
     if not isinstance(value, Mapping):
         raise GatewayError(f"{prefix}: expected a mapping with services: [{{service, port}}], got {_shown(value)}; "
                            f"{FIX}")
