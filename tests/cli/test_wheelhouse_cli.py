@@ -116,3 +116,11 @@ def test_pip_is_bounded_by_the_timeout(mirror, tmp_path, capsys):
     assert error.startswith("dsctl: error: wheelhouse: pip did not resolve lock-vllm-ascend-0.13.0-")
     assert error.endswith("in 0.01 s; raise --timeout or use a nearer mirror")
     assert not list((tmp_path / "wh").glob(".download-*"))
+
+
+@pytest.mark.parametrize("out", ["/proc/dsctl-wheelhouse", "/proc/self/status/x"])
+def test_an_out_the_kernel_will_not_create_is_one_line(tmp_path, capsys, out):
+    # /proc passes os.access for root, so the mkdir's own refusal is what the user sees, not a traceback.
+    assert main(["wheelhouse", "build", "--release", "v0.13.0", "--find-links", str(tmp_path), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsctl: error: --out {out}: ") and err.count("\n") == 1

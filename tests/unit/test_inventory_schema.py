@@ -278,3 +278,22 @@ def test_upgrade_reads_a_pinned_manifest_only_when_its_digest_matches(tmp_path):
     where = re.escape(f"{tmp_path}/SHA256SUMS")
     with pytest.raises(DsctlError, match=f"^{where} line 2 is not .*; regenerate it with sha256sum$"):
         read_package_sums(str(tmp_path))
+
+
+def test_root_as_the_run_user_is_refused():
+    # Accepted before: the npu_driver role would then give root the run group and /bin/bash.
+    line = str(problem({**SITE, "dsctl_run_user": "root"}))
+    assert line.startswith("inventory: host lab-01: dsctl_run_user: root is refused: the npu_driver role would "
+                           "change that account's group and shell")
+    assert problem({**SITE, "dsctl_run_user": "root"}).exit_status == ExitStatus.USAGE
+    assert validate_host_vars("lab-01", {**SITE, "dsctl_run_user": "rooty"}).dsctl_run_user == "rooty"
+
+
+def test_a_malformed_gateway_is_refused_with_the_host_settings():
+    # Typed Any before: any value passed until the gateway was planned, after the rollout.
+    line = str(problem({**SITE, "dsctl_gateway": {"services": [{"service": "chat", "port": "x"}]}}))
+    assert line.startswith("inventory: host lab-01: dsctl_gateway.services[0].port: expected a port")
+    assert str(problem({**SITE, "dsctl_gateway": "chat"})).startswith(
+        "inventory: host lab-01: dsctl_gateway: expected a mapping with services")
+    settings = validate_host_vars("lab-01", {**SITE, "dsctl_gateway": {"services": [{"service": "chat", "port": 80}]}})
+    assert settings.dsctl_gateway.services[0].service == "chat"

@@ -27,7 +27,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,8 +111,17 @@ def check_yaml_bounds(inventory: Path) -> None:
             raise UsageError(str(exc)) from None
 
 
+HostsVars = dict[str, dict[str, Any]]  # host -> its dsctl_* settings and connection variables
+
+
 def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | None = None,
               limit: str | None = None) -> dict[str, dict[str, Any]]:
+    """`read_groups` without other groups: the hosts of ``group``."""
+    return read_groups(inventory, group, vault=vault, limit=limit)[0]
+
+
+def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] = (),
+                vault: VaultOptions | None = None, limit: str | None = None) -> tuple[HostsVars, dict[str, HostsVars]]:
     """Host -> its dsctl_* settings and connection variables, rendered, for every host of ``group`` that
     ``limit`` (an Ansible pattern, as ``--limit`` takes it) selects, in inventory order.
 
@@ -121,6 +130,10 @@ def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | Non
     limit that selects no host of the group.
     """
     if not inventory.is_file() and not inventory.is_dir():
+        # /dev/null or a FIFO exists: "does not exist" would send the user looking for the wrong mistake.
+        if inventory.exists():
+            raise UsageError(f"inventory: {inventory} is not a file or directory of an inventory; pass an "
+                             "inventory YAML file or its directory")
         raise UsageError(f"inventory: {inventory} does not exist; pass the path `dsctl lab up` printed or your own")
     check_yaml_bounds(inventory)
     vault = vault or VaultOptions()
@@ -131,6 +144,8 @@ def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | Non
         "inventory": str(Path(inventory).expanduser().absolute()),
         "group": group,
         "limit": limit,
+        # Read in the same child (one Ansible start): every host of these groups, --limit or not, none is fine.
+        "also": list(also),
         "password_file": str(Path(vault.password_file).expanduser().absolute()) if vault.password_file else None,
         "password": vault.prompted_password(),
     }
@@ -149,7 +164,7 @@ def host_vars(inventory: Path, group: str = NPU_GROUP, vault: VaultOptions | Non
         raise DsctlError(f"inventory: Ansible could not read {inventory}: {detail}") from None
     if "error" in answer:
         raise UsageError(answer["error"])
-    return answer["hosts"]
+    return answer["hosts"], answer.get("groups", {})
 
 
 # --------------------------------------------------------------------------- the child process
@@ -380,6 +395,11 @@ def _hosts_label(names: list[str]) -> str:
 
 def read(request: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The child's work: `host_vars` for one request (see there)."""
+    return read_all(request)[0]
+
+
+def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars]]:
+    """The child's work: `read_groups` for one request (see there)."""
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -409,25 +429,35 @@ def read(request: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     else:
         chosen = inventory.get_hosts(group)
     manager = VariableManager(loader=loader, inventory=inventory)
-    hosts: dict[str, dict[str, Any]] = {}
-    for host in chosen:
-        try:
-            variables = manager.get_vars(host=host, include_hostvars=True)
-        except AnsibleError as failed:  # group_vars/host_vars: YAML syntax, duplicate key, vault file
-            raise _located(failed, f"variables of host {host.name}", source=source,
-                           have_password=have_password) from None
-        templar = Templar(loader=loader, variables=variables)
-        keys = [key for key in variables if str(key).startswith(SETTINGS_PREFIX) or key in CONNECTION_VARS]
-        hosts[host.name] = {str(key): _render(templar, variables[key], variables, host.name, str(key),
-                                              have_password=have_password) for key in keys}
-    return hosts
+
+    def values_of(members: Any) -> dict[str, dict[str, Any]]:
+        hosts: dict[str, dict[str, Any]] = {}
+        for host in members:
+            try:
+                variables = manager.get_vars(host=host, include_hostvars=True)
+            except AnsibleError as failed:  # group_vars/host_vars: YAML syntax, duplicate key, vault file
+                raise _located(failed, f"variables of host {host.name}", source=source,
+                               have_password=have_password) from None
+            templar = Templar(loader=loader, variables=variables)
+            keys = [key for key in variables if str(key).startswith(SETTINGS_PREFIX) or key in CONNECTION_VARS]
+            hosts[host.name] = {str(key): _render(templar, variables[key], variables, host.name, str(key),
+                                                  have_password=have_password) for key in keys}
+        return hosts
+
+    chosen_hosts = values_of(chosen)
+    also = request.get("also") or []
+    if also:
+        inventory.remove_restriction()  # the other groups whole: a gateway fronts hosts outside --limit too
+    others = {name: values_of(inventory.get_hosts(name)) if name in inventory.groups else {} for name in also}
+    return chosen_hosts, others
 
 
 def _child() -> int:
     request = json.loads(sys.stdin.read())
     answer_stream, sys.stdout = sys.stdout, sys.stderr  # whatever Ansible displays stays out of the answer
     try:
-        answer: dict[str, Any] = {"hosts": read(request)}
+        hosts, groups = read_all(request)
+        answer: dict[str, Any] = {"hosts": hosts, "groups": groups}
     except _Refused as refused:
         answer = {"error": str(refused)}
     answer_stream.write(json.dumps(answer, default=str))

@@ -187,8 +187,8 @@ def run(
             raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
         inputs = tune_verb.TuneInputs(
             model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
-            objective=objective, budget=20 if budget is None else budget, slots=slots or 1, seed=seed,
-            prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+            objective=objective, budget=20 if budget is None else budget, slots=1 if slots is None else slots,
+            seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
             requests=100 if requests is None else requests, rate=rate, params=tuple(param or ()),
             npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None, screen=screen)
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made

@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from dsctl import __version__
@@ -150,6 +151,19 @@ def _additional(args: argparse.Namespace) -> dict[str, Any]:
     return value
 
 
+def _check_record(path: str) -> None:
+    """Refuse a --record file the server could not open, before serving instead of as a traceback."""
+    target = Path(path)
+    if target.is_dir():
+        raise StartupError(f"ValueError: --record {path} is a directory; give a file to append to")
+    parent = target.parent
+    if not parent.is_dir():
+        raise StartupError(f"ValueError: --record {path}: directory {parent} does not exist; create it or "
+                           f"give another path")
+    if not os.access(target if target.exists() else parent, os.W_OK):
+        raise StartupError(f"ValueError: --record {path} is not writable; give a path you can write")
+
+
 def _plan(args: argparse.Namespace, perfmodel: Any) -> dict[str, Any]:
     """Validate the configuration; everything the engine needs to start, or StartupError."""
     from dsctl.core.perf import engine_config
@@ -159,11 +173,17 @@ def _plan(args: argparse.Namespace, perfmodel: Any) -> dict[str, Any]:
         raise StartupError("error: a model profile is required (dsctl engine serve MODEL or --model MODEL)")
     if args.model and args.model_tag and args.model != args.model_tag:
         raise StartupError(f"ValueError: model given twice: {args.model_tag!r} and --model {args.model!r}")
-    for name in ("max_num_seqs", "port", "block_size", "stream_num", "batch_size", "tensor_parallel_size",
-                 "data_parallel_size"):
+    # --max-model-len 0 would otherwise fall back to the model's length (``or``) and start silently.
+    for name in ("max_num_seqs", "block_size", "stream_num", "batch_size", "tensor_parallel_size",
+                 "data_parallel_size", "max_model_len", "max_num_batched_tokens"):
         value = getattr(args, name)
-        if value is not None and value < (0 if name == "port" else 1):
+        if value is not None and value < 1:
             raise StartupError(f"ValueError: --{name.replace('_', '-')} must be positive, got {value}")
+    # 0 stays allowed: the OS picks a free port, as with vLLM. Above 65535 bind() raises OverflowError.
+    if not 0 <= args.port <= 65535:
+        raise StartupError(f"ValueError: --port must be 0..65535, got {args.port}")
+    if args.record is not None:
+        _check_record(args.record)
     if args.time_scale <= 0:
         raise StartupError(f"ValueError: --time-scale must be positive, got {args.time_scale}")
     if args.jitter < 0:

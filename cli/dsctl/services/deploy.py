@@ -171,6 +171,7 @@ class RolloutTracker:
 def prepare(inputs: DeployInputs) -> DeployPlan:
     """Read and validate the fleet, then plan: every problem is one line before any host is contacted."""
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
+    fleet.check_gateways()  # the gateway play runs after every instance rolled out: its problems are found here
     plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings},
                        overrides=inputs.overrides, instances=inputs.instances)
     return dataclasses.replace(plan, host_plans=fleet.plan(overrides=inputs.overrides, only=plan.only))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from dsctl.adapters import inventory as inventory_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.serving import gateway
 from dsctl.errors import UsageError
 from dsctl.services import host_plan
 
@@ -21,6 +22,9 @@ class Fleet:
 
     hostvars: dict[str, dict[str, Any]]
     settings: dict[str, HostSettings]
+    # Every host of the fleet and of the gateway group, --limit or not: what the gateways front and where they run.
+    fleet_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    gateway_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def address(self, host: str) -> str:
         return str(self.hostvars.get(host, {}).get("ansible_host", host))
@@ -31,7 +35,12 @@ class Fleet:
         if not host_vars:
             return self
         merged = {host: {**values, **host_vars.get(host, {})} for host, values in self.hostvars.items()}
-        return Fleet(hostvars=merged, settings=inventory_schema.validate_fleet(merged))
+        return Fleet(hostvars=merged, settings=inventory_schema.validate_fleet(merged), fleet_vars=self.fleet_vars,
+                     gateway_vars=self.gateway_vars)
+
+    def check_gateways(self) -> None:
+        """Every gateway valid and fronting services the fleet runs (GatewayError, one line, exit 2)."""
+        gateway.check_gateways(self.gateway_vars, self.fleet_vars or self.hostvars)
 
     def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
              only: Collection[str] | None = None) -> dict[str, Any]:
@@ -42,8 +51,11 @@ class Fleet:
 
 def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str | None = None) -> Fleet:
     """Schema and matrix check of every host (one-line error, exit 2 or 3); no host is contacted."""
-    hostvars = inventory_adapter.host_vars(inventory, vault=vault, limit=limit)
-    return Fleet(hostvars=hostvars, settings=inventory_schema.validate_fleet(hostvars))
+    hostvars, groups = inventory_adapter.read_groups(inventory, vault=vault, limit=limit,
+                                                     also=(gateway.GATEWAY_GROUP, inventory_adapter.NPU_GROUP))
+    return Fleet(hostvars=hostvars, settings=inventory_schema.validate_fleet(hostvars),
+                 fleet_vars=groups.get(inventory_adapter.NPU_GROUP, {}),
+                 gateway_vars=groups.get(gateway.GATEWAY_GROUP, {}))
 
 
 def check_playbook_options(*, forks: int | None = None, serial: int | None = None, tags: str | None = None,

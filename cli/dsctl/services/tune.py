@@ -145,6 +145,8 @@ def _check(inputs: TuneInputs) -> None:
         raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
     if inputs.npus_per_instance < 1:
         raise UsageError(f"--npus must be at least 1, got {inputs.npus_per_instance}")
+    if inputs.slots < 1:
+        raise UsageError(f"--slots must be at least 1, got {inputs.slots}")
     if inputs.screen not in SCREENS:
         raise UsageError(f"--screen {inputs.screen!r}: use model, roofline or none")
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsctl.adapters import pip_download
+from dsctl.adapters import output_paths, pip_download
 from dsctl.core.fleet import sha256sums, wheel_lock
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
@@ -152,7 +152,12 @@ def build(request: WheelhouseRequest, progress: Callable[[str], None] | None = N
     """Resolve and download every (pins, arch, python) of ``request`` into ``request.out`` and lock each."""
     check_request(request)
     out = request.out
-    out.mkdir(parents=True, exist_ok=True)
+    output_paths.check_dir("--out", out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # os.access cannot see every refusal (root under /proc, a full disk): the kernel's answer, in one line.
+        raise UsageError(f"--out {out}: cannot create it ({exc.strerror}); choose a writable directory") from None
     built = []
     for pins in request.stacks:
         for arch in (wheel_lock.normalized_arch(a) for a in request.arches):

@@ -27,6 +27,7 @@ from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
 
 # Text (strict str) and AccountName are shared with the service schema.
+from dsctl.core.serving.gateway import GatewaySpec, check_gateway
 from dsctl.core.serving.service import SAFE_PATH_WORDS, AccountName, ServiceSpec, Text, safe_path, validate_services
 from dsctl.errors import DsctlError, ExitStatus
 
@@ -170,8 +171,10 @@ class HostSettings(BaseModel):
     dsctl_service_config_dir: _root_dir("move the directories it does not declare out of it", "/etc/dsctl/services") = \
         "/etc/dsctl/services"
     dsctl_service_log_dir: _root_dir("make it root's (mode 0755)", "/var/log/dsctl") = "/var/log/dsctl"
-    # The gateway in front of the instances: checked by dsctl.core.serving.gateway when the gateway is planned.
-    dsctl_gateway: Annotated[Any, Field(description="a mapping (see dsctl.core.serving.gateway)")] = None
+    # The gateway in front of the instances (dsctl.core.serving.gateway's own schema, one line per problem):
+    # typed here so a malformed gateway is refused with the inventory, not after every instance rolled out.
+    dsctl_gateway: Annotated[GatewaySpec | None, Field(description="a mapping (see dsctl.core.serving.gateway)")] = \
+        None
     dsctl_gateway_on_controller: Annotated[Flag, Field(description=_FLAG)] = False
     dsctl_gateway_drain: Annotated[Any, Field(description="a list of host/instance")] = None
     dsctl_gateway_undrain: Annotated[Any, Field(description="a list of host/instance")] = None
@@ -208,6 +211,21 @@ class HostSettings(BaseModel):
             if isinstance(source, str) and source.startswith(("/", "http://", "https://")):  # else its own error
                 values = {**values, "dsctl_wheelhouse": source.rstrip("/") + "/wheels"}
         return values
+
+    @field_validator("dsctl_gateway", mode="before")
+    @classmethod
+    def _gateway(cls, value: Any) -> Any:
+        return None if value is None else check_gateway(value)  # GatewayError: validate_host_vars names the host
+
+    @field_validator("dsctl_run_user")
+    @classmethod
+    def _not_root(cls, user: str) -> str:
+        # The npu_driver role makes this account with the run group as primary group and /bin/bash as shell:
+        # on root that silently rewrites the superuser. Only the name is knowable here; "root" is uid 0.
+        if user == "root":
+            raise InventoryError("dsctl_run_user: root is refused: the npu_driver role would change that account's "
+                                 "group and shell; name an unprivileged account such as HwHiAiUser; " + FIX)
+        return user
 
     @field_validator("dsctl_ascend_env", mode="before")
     @classmethod

@@ -224,7 +224,17 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
 
 def validate_gateway(host: str, value: Any) -> GatewaySpec:
     """``dsctl_gateway`` of ``host`` -> its `GatewaySpec`; `GatewayError` (one line: host and field) if wrong."""
-    prefix = f"inventory: host {host}: {GATEWAY_VAR}"
+    try:
+        return check_gateway(value)
+    except GatewayError as problem:
+        raise GatewayError(f"inventory: host {host}: {problem}") from None
+
+
+def check_gateway(value: Any) -> GatewaySpec:
+    """`validate_gateway` without the host: the inventory schema's validator (it names the host itself)."""
+    if isinstance(value, GatewaySpec):  # validated once already (a fleet laid over with other variables)
+        return value
+    prefix = GATEWAY_VAR
     if not isinstance(value, Mapping):
         raise GatewayError(f"{prefix}: expected a mapping with services: [{{service, port}}], got {_shown(value)}; "
                            f"{FIX}")
@@ -398,12 +408,7 @@ def plan_gateway(target: GatewayTarget, fleet: Sequence[FleetHost], *, drained: 
                 members.append(Member(host.name, planned.name, service_name, address, planned.port,
                                       DRAINED if member_id in wanted_drained else UP))
         if not members:
-            known = sorted({s.name for host in fleet for s in host.services})
-            close = difflib.get_close_matches(service_name, known, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}?" if close else (f"the fleet runs {', '.join(known)}" if known
-                                                                else "the fleet declares no dsctl_services")
-            raise GatewayError(f"inventory: host {target.name}: {GATEWAY_VAR}.services[{route_index}].service: no "
-                               f"host of the fleet runs a service named {service_name}; {hint}")
+            raise _unknown_service(target, route_index, service_name, {s.name for host in fleet for s in host.services})
         upstreams[service_name] = tuple(members)
     known_ids = {member.id for members in upstreams.values() for member in members}
     for var, ids in ((DRAIN_VAR, drain), (UNDRAIN_VAR, undrain)):
@@ -413,6 +418,31 @@ def plan_gateway(target: GatewayTarget, fleet: Sequence[FleetHost], *, drained: 
                                    f"known: {', '.join(sorted(known_ids))}")
     _check_ports(target, fleet)
     return GatewayPlan(target, upstreams)
+
+
+def _unknown_service(target: GatewayTarget, index: int, name: str, known: Iterable[str]) -> GatewayError:
+    names = sorted(set(known))
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else (f"the fleet runs {', '.join(names)}" if names
+                                                        else "the fleet declares no dsctl_services")
+    return GatewayError(f"inventory: host {target.name}: {GATEWAY_VAR}.services[{index}].service: no host of the "
+                        f"fleet runs a service named {name}; {hint}")
+
+
+def check_gateways(gateway_hosts: Mapping[str, Mapping[str, Any]], fleet_vars: Mapping[str, Mapping[str, Any]],
+                   ) -> list[GatewayTarget]:
+    """The planning-time check of every gateway (`gateway_targets`), and that each fronted service is a service
+    of some host's dsctl_services: what the gateway play would refuse only after every instance rolled out.
+
+    ``fleet_vars`` are every host of the fleet (not just --limit's), so only service names are read of them."""
+    targets = gateway_targets(gateway_hosts, fleet_vars)
+    known = {str(service.get("name")) for values in fleet_vars.values()
+             for service in (values.get("dsctl_services") or []) if isinstance(service, Mapping)}
+    for target in targets:
+        for index, route in enumerate(target.spec.services):
+            if route.service not in known:
+                raise _unknown_service(target, index, route.service, known)
+    return targets
 
 
 def _check_ports(target: GatewayTarget, fleet: Sequence[FleetHost]) -> None:
