@@ -140,6 +140,18 @@ def bring_up(*args: str) -> Lab:
     return Lab(paths, spec, inventory)
 
 
+def provisioned_lab(hosts: int, tmp_path_factory, directory: str):
+    """A lab of ``hosts`` at the default stack, provisioned once (the serving venv on top of the preinstalled HDK and
+    CANN); yields (lab, a scratch directory) and takes the lab down at the end."""
+    lab = bring_up("--hosts", str(hosts), *default_hdk_and_cann())
+    try:
+        result = dsctl("provision", str(lab.inventory), check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+        yield lab, tmp_path_factory.mktemp(directory)
+    finally:
+        dsctl("lab", "down")
+
+
 def lab_leftovers(root: Path = LAB_ROOT, name: str = LAB_NAME) -> dict[str, list[str]]:
     """Everything this worker's lab could leave behind on this machine (other labs may run beside it)."""
     netns = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)

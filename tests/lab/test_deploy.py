@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import LAB_ROOT, address, bring_up, default_hdk_and_cann, dsctl, requires_lab
+from .conftest import LAB_ROOT, address, dsctl, provisioned_lab, requires_lab
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
@@ -36,11 +36,7 @@ def service(name: str, port: int, **params) -> dict:
 
 @pytest.fixture(scope="module")
 def served_lab(tmp_path_factory):
-    lab = bring_up("--hosts", "2", *default_hdk_and_cann())
-    result = dsctl("provision", str(lab.inventory), check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    yield lab, tmp_path_factory.mktemp("deploy")
-    dsctl("lab", "down")
+    yield from provisioned_lab(2, tmp_path_factory, "deploy")
 
 
 def inventory(lab, directory: Path, services: list[dict]) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import LAB_ROOT, address, bring_up, default_hdk_and_cann, dsctl, requires_lab
+from .conftest import LAB_ROOT, address, dsctl, provisioned_lab, requires_lab
 from .test_deploy import deploy, inventory, statuses
 
 pytestmark = [pytest.mark.lab, requires_lab]
@@ -24,11 +24,7 @@ pytestmark = [pytest.mark.lab, requires_lab]
 
 @pytest.fixture(scope="module")
 def served_lab(tmp_path_factory):
-    lab = bring_up("--hosts", "2", *default_hdk_and_cann())
-    result = dsctl("provision", str(lab.inventory), check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    yield lab, tmp_path_factory.mktemp("tune")
-    dsctl("lab", "down")
+    yield from provisioned_lab(2, tmp_path_factory, "tune")
 
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsctl.adapters import writeback
+from dsctl.adapters import state_files
 from dsctl.adapters.writeback import find_definitions, write_back
 from dsctl.errors import UsageError
 
@@ -87,7 +87,7 @@ def test_an_interrupted_write_leaves_the_old_file(inventory: Path, monkeypatch):
     def crash(*_args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(writeback.os, "replace", crash)
+    monkeypatch.setattr(state_files.os, "replace", crash)  # writeback writes through state_files.write_durably
     with pytest.raises(OSError):
         write_back(inventory, "chat", {"max_num_seqs": 8})
     assert path.read_text() == before

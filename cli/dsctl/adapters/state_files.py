@@ -19,9 +19,10 @@ class StateLocked(DsctlError):
     exit_status = ExitStatus.ERROR
 
 
-def write_durably(path: Path, text: str) -> None:
+def write_durably(path: Path, text: str, mode: int | None = None) -> None:
     """``text`` to ``path``: a temporary file beside it, fsync, rename over it, fsync the directory (the rename
-    itself survives a power cut: without it a rebooted controller may find no state, and start the upgrade over)."""
+    itself survives a power cut: without it a rebooted controller may find no state, and start the upgrade over).
+    ``mode``: the file's permission bits (mkstemp's 0600 otherwise)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -29,6 +30,8 @@ def write_durably(path: Path, text: str) -> None:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

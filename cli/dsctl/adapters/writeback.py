@@ -17,9 +17,7 @@ and are skipped; if that leaves no definition, the write-back is refused.
 from __future__ import annotations
 
 import io
-import os
 import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from ruamel.yaml.error import CommentMark
 from ruamel.yaml.tokens import CommentToken
 from ruamel.yaml.util import load_yaml_guess_indent
 
+from dsctl.adapters.state_files import write_durably
 from dsctl.errors import UsageError
 
 SERVICES_VAR = "dsctl_services"
@@ -106,23 +105,7 @@ def _service_lists(node: Any, depth: int = 0) -> list[list[Any]]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    mode = stat.S_IMODE(path.stat().st_mode)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temp, mode)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a crash
-    finally:
-        os.close(directory)
+    write_durably(path, text, mode=stat.S_IMODE(path.stat().st_mode))
 
 
 def _edit(path: Path, service: str, params: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -260,19 +260,29 @@ def _swap_in(archive: Path, live: Path) -> None:
     for leftover in (fresh, old):
         shutil.rmtree(leftover, ignore_errors=True)
     fresh.mkdir(mode=0o755)
-    _tar(["--extract", "--file", str(archive), *TAR_OPTIONS, "-C", str(fresh)])
+    try:
+        _tar(["--extract", "--file", str(archive), *TAR_OPTIONS, "-C", str(fresh)])
+    except BaseException:  # a full disk, say: the live files stay as they are
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
     live.rename(old)
-    fresh.rename(live)
+    try:
+        fresh.rename(live)
+    except BaseException:
+        old.rename(live)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
 def _restore_host(paths: LabPaths, host: LabHost, directory: Path, entry: dict) -> None:
     power_off(paths, host)
-    for part in PARTS:
-        _swap_in(directory / entry[part]["file"], _part_dir(paths, host.name, part))
-    work = paths.disk(host.name) / "work"
-    shutil.rmtree(work, ignore_errors=True)  # overlayfs wants its work directories empty for new upper layers
-    hosts.start_init(paths, host)
+    try:
+        for part in PARTS:
+            _swap_in(directory / entry[part]["file"], _part_dir(paths, host.name, part))
+        work = paths.disk(host.name) / "work"
+        shutil.rmtree(work, ignore_errors=True)  # overlayfs wants its work directories empty for new upper layers
+    finally:
+        hosts.start_init(paths, host)  # restored or not, the host is never left powered off
 
 
 def restore(paths: LabPaths, spec: LabSpec, name: str, progress: Progress) -> SnapshotInfo:
