@@ -30,10 +30,7 @@ def served_lab(tmp_path_factory):
 
 TUNE = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
         "served_model_name": "r1-7b", "npus_per_instance": 4, "instances": 2, "port": 8100, "health_timeout_s": 120,
-        "allow_unauthenticated": True, "params": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
-        # the emulated engine at half time, not the lab's quarter: the SLO is tight (200 ms modelled), and the
-        # client's own costs count 1 / scale times in modelled time
-        "env": {"DSCTL_ENGINE_TIME_SCALE": "0.5"}}
+        "allow_unauthenticated": True, "params": {"max_num_seqs": 64, "max_num_batched_tokens": 8192}}
 TUNE_ARGS = ("--slo", "ttft=200ms", "--requests", "16", "--prompt-tokens", "256", "--output-tokens", "32",
              "--warmup", "2")
 

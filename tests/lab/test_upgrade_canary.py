@@ -39,7 +39,7 @@ def test_the_regressed_release_never_gets_past_the_canary(fleet):
     assert code == 6, report
     first = report["errors"][0]
     # 3x slower in modelled time: throughput falls and TTFT grows, each by less than 3x (the client's own costs between
-    # requests are in both figures, and at the lab's time scale they count four times over)
+    # requests are in both figures, and at the lab's time scale they count twice over)
     assert first.startswith("lab-01: failed at gated: lab-01/chat-0 regressed: "), first
     assert re.search(r"throughput [\d.]+ -> [\d.]+ tok/s \(-[3-9]\d\.\d%", first), first
     assert "REGRESSED" in first
