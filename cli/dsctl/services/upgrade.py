@@ -277,7 +277,7 @@ class _Run:
         members = self.members(hosts)
         if not members:
             return
-        result = self.gateway.drain(self.inputs.inventory, members, on_event=self.progress)
+        result = self.gateway.drain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress)
         if not result.ok:
             raise _BatchFailed(hosts[0], "drained", "drain failed: " + "; ".join(result.errors),
                                ExitStatus.PLAYBOOK_FAILED)
@@ -286,7 +286,9 @@ class _Run:
 
     def undrain(self, hosts: Sequence[str]) -> GatewayResultLike | None:
         members = self.members(hosts)
-        return self.gateway.undrain(self.inputs.inventory, members, on_event=self.progress) if members else None
+        if not members:
+            return None
+        return self.gateway.undrain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress)
 
     def provision(self, hosts: Sequence[str], which: str) -> None:
         inputs = provision_verb.ProvisionInputs(inventory=self.inputs.inventory, limit=",".join(hosts),
