@@ -1,5 +1,5 @@
 """The vault options reach every inventory read and every playbook a verb runs (issue 19): the upgrade's
-gateway drain and undrain."""
+gateway drain and undrain, and `dsctl wheelhouse build INVENTORY`'s inventory read."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from dsctl.adapters import gateway
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.app import main
 
 ANSIBLE_VAULT = Path(sys.executable).parent / "ansible-vault"
 PASSWORD = "correct horse battery staple"
@@ -54,3 +55,17 @@ def test_the_prompted_password_reaches_the_gateway_play_too(fake_ansible, vaulte
     assert gateway.drain(inventory, ["kp-01/chat-0"], vault=VaultOptions(ask=True)).ok
     assert fake_ansible.vault_seen() == PASSWORD + "\n"
 
+
+def test_wheelhouse_build_reads_a_vaulted_inventory_with_the_vault_options(vaulted, tmp_path, capsys):
+    inventory, secret, vault_file = vaulted
+    # --arch ppc64le: refused by the wheelhouse request check, which comes after the inventory read; no pip runs.
+    args = ["wheelhouse", "build", str(inventory), "--find-links", str(tmp_path), "--arch", "ppc64le",
+            "--out", str(tmp_path / "wh")]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"dsctl: error: inventory: {vault_file}: encrypted with ansible-vault and no vault password was given; pass "
+        "--vault-password-file FILE or --ask-vault-pass (or set ANSIBLE_VAULT_PASSWORD_FILE, Ansible's own "
+        "setting)\n")
+    assert main([*args, "--vault-password-file", str(secret)]) == 2
+    assert capsys.readouterr().err == "dsctl: error: arch: expected one of aarch64, x86_64, got 'ppc64le'\n"
+    assert not (tmp_path / "wh").exists()
