@@ -424,6 +424,27 @@ def test_an_incompatible_target_is_a_plan_problem_found_before_any_playbook(worl
     assert fleet.calls == []
 
 
+@pytest.mark.parametrize(("gateway", "message"), [
+    ({"services": [{"service": "chat", "port": "8080"}]},
+     "inventory: host gw: dsctl_gateway.services[0].port: expected a port 1..65535, got '8080'"),
+    ({"services": [{"service": "embed", "port": 8080}]}, "embed"),
+    (None, "host gw is in group gateway but declares no gateway"),
+])
+def test_a_bad_gateway_is_refused_before_any_playbook_or_probe(world, gateway, message):
+    from dsctl.core.serving.gateway import GatewayError
+
+    fleet, run, inventory, _ = world
+    doc = yaml.safe_load(inventory.read_text())
+    doc["all"]["children"]["gateway"] = {"hosts": {"gw": {"ansible_host": "10.0.0.9",
+                                                          **({"dsctl_gateway": gateway} if gateway else {})}}}
+    inventory.write_text(yaml.safe_dump(doc))
+    with pytest.raises(GatewayError) as refused:
+        run(**TO_NEW)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert refused.value.exit_status == ExitStatus.USAGE
+    assert fleet.calls == []
+
+
 def test_the_vault_options_reach_every_drain_and_undrain(world, tmp_path):
     from dsctl.adapters.inventory import VaultOptions
 

@@ -594,6 +594,8 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
             gateway: Gateway | None = None) -> UpgradeResult:
     gateway = gateway if gateway is not None else gateway_adapter
     fleet = load_fleet(inputs.inventory, vault=inputs.vault)
+    # As deploy does: a gateway the play would refuse is refused here, before dsctl check, a probe or a drain.
+    fleet.check_gateways()
     path = inputs.state_path()
     if not path.is_file() and inputs.legacy_state_path().is_file():
         path = inputs.legacy_state_path()
