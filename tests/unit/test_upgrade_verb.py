@@ -39,6 +39,7 @@ class Fleet:
         self.hosts = {name: Host() for name in HOSTS}
         self.calls: list[tuple] = []
         self.drained: set[str] = set()
+        self.gateway_vaults: list = []  # the vault options each drain and undrain was given
         self.fail_install: set[tuple[str, str]] = set()  # (host, cann) whose installer fails
         self.slow_cann: dict[str, float] = {}  # cann -> TTFT factor
         self.interrupt: tuple[str, str] | None = None  # (playbook, limit) raising KeyboardInterrupt once
@@ -103,8 +104,9 @@ class Fleet:
                                 perf_to_wall=0.0, perf_to_wall_end=math.nan)
 
     # ------------------------------------------------------------------ Gateway
-    def _gateway(self, kind, members):
+    def _gateway(self, kind, members, vault=None):
         self.calls.append((kind, tuple(members)))
+        self.gateway_vaults.append(vault)
         (self.drained.update if kind == "drain" else self.drained.difference_update)(members)
 
         class Result:
@@ -112,10 +114,10 @@ class Fleet:
         return Result()
 
     def drain(self, inventory, members, **options):
-        return self._gateway("drain", members)
+        return self._gateway("drain", members, options.get("vault"))
 
     def undrain(self, inventory, members, **options):
-        return self._gateway("undrain", members)
+        return self._gateway("undrain", members, options.get("vault"))
 
     def playbooks(self, name: str) -> list[str | None]:
         return [limit for kind, limit in self.calls if kind == name]
@@ -420,3 +422,35 @@ def test_an_incompatible_target_is_a_plan_problem_found_before_any_playbook(worl
     assert result.exit_status == ExitStatus.VALIDATION_FAILED
     assert result.errors[0].startswith("h1: target CANN 8.5.0") and len(result.errors) == 1
     assert fleet.calls == []
+
+
+@pytest.mark.parametrize(("gateway", "message"), [
+    ({"services": [{"service": "chat", "port": "8080"}]},
+     "inventory: host gw: dsctl_gateway.services[0].port: expected a port 1..65535, got '8080'"),
+    ({"services": [{"service": "embed", "port": 8080}]}, "embed"),
+    (None, "host gw is in group gateway but declares no gateway"),
+])
+def test_a_bad_gateway_is_refused_before_any_playbook_or_probe(world, gateway, message):
+    from dsctl.core.serving.gateway import GatewayError
+
+    fleet, run, inventory, _ = world
+    doc = yaml.safe_load(inventory.read_text())
+    doc["all"]["children"]["gateway"] = {"hosts": {"gw": {"ansible_host": "10.0.0.9",
+                                                          **({"dsctl_gateway": gateway} if gateway else {})}}}
+    inventory.write_text(yaml.safe_dump(doc))
+    with pytest.raises(GatewayError) as refused:
+        run(**TO_NEW)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert refused.value.exit_status == ExitStatus.USAGE
+    assert fleet.calls == []
+
+
+def test_the_vault_options_reach_every_drain_and_undrain(world, tmp_path):
+    from dsctl.adapters.inventory import VaultOptions
+
+    fleet, run, _, _ = world
+    secret = tmp_path / "vault.txt"
+    secret.write_text("correct horse\n")
+    vault = VaultOptions(password_file=secret)
+    assert run(**TO_NEW, vault=vault).exit_status == ExitStatus.OK
+    assert len(fleet.gateway_vaults) == 2 * len(HOSTS) and all(given is vault for given in fleet.gateway_vaults)

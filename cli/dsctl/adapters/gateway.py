@@ -2,9 +2,9 @@
 
 What the upgrade verb calls around each batch::
 
-    gateway.drain(inventory, ["lab-01/chat-0", "lab-01/chat-1"])    # out of the gateway, in-flight requests done
+    gateway.drain(inventory, ["lab-01/chat-0", "lab-01/chat-1"], vault=vault)    # out, in-flight requests done
     ...stop, upgrade, restart, health gate...
-    gateway.undrain(inventory, ["lab-01/chat-0", "lab-01/chat-1"])  # back in once /health answers
+    gateway.undrain(inventory, ["lab-01/chat-0", "lab-01/chat-1"], vault=vault)  # back in once /health answers
 
 Each returns a `GatewayResult`: the run, each gateway's members (id, state, url) and the failures as one line
 each.  A failed drain (the instance kept requests in flight past ``dsctl_gateway.drain_timeout_s``) leaves the
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.adapters.ansible_run import EventHandler, PlaybookRun, run_playbook
+from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.serving.gateway import DRAIN_VAR, UNDRAIN_VAR, member_ids
 from dsctl.errors import ExitStatus
 
@@ -57,14 +58,19 @@ def _result(run: PlaybookRun) -> GatewayResult:
 
 
 def sync(inventory: Path, *, drain: Sequence[str] = (), undrain: Sequence[str] = (),
-         on_event: EventHandler | None = None, timeout: float | None = None) -> GatewayResult:
-    """Bring every gateway of the inventory in line with the instances, draining and undraining as named."""
+         vault: VaultOptions | None = None, on_event: EventHandler | None = None,
+         timeout: float | None = None) -> GatewayResult:
+    """Bring every gateway of the inventory in line with the instances, draining and undraining as named.
+
+    ``vault``: the verb's vault options, as for every other playbook (the inventory's vault-encrypted
+    group_vars are loaded by this play too, gateway or none)."""
     extra: dict[str, Any] = {}
     if drain:
         extra[DRAIN_VAR] = member_ids(list(drain), DRAIN_VAR)
     if undrain:
         extra[UNDRAIN_VAR] = member_ids(list(undrain), UNDRAIN_VAR)
-    run = run_playbook(PLAYBOOK, inventory, extra_vars=extra or None, on_event=on_event, timeout=timeout)
+    run = run_playbook(PLAYBOOK, inventory, extra_vars=extra or None, vault=vault, on_event=on_event,
+                       timeout=timeout)
     return _result(run)
 
 

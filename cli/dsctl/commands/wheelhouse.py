@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from dsctl import data, ui
-from dsctl.cli_options import JsonOption
+from dsctl.adapters.inventory import VaultOptions
+from dsctl.cli_options import AskVaultOption, JsonOption, VaultFileOption, vault_options
 from dsctl.core.fleet.matrix import release_pins
 from dsctl.errors import UsageError
 from dsctl.services import fleet
@@ -20,12 +21,13 @@ app = typer.Typer(help="Serving-stack wheelhouses: every wheel of a matrix row's
 COLUMNS = ["lock", "arch", "python", "distributions"]
 
 
-def _stacks(inventory: Path | None, release: str | None) -> tuple[dict[str, str], ...]:
+def _stacks(inventory: Path | None, release: str | None, vault: VaultOptions | None = None
+            ) -> tuple[dict[str, str], ...]:
     if (inventory is None) == (release is None):
         raise UsageError("INVENTORY or --release: give exactly one (the hosts' rows, or one vllm-ascend tag)")
     if release is not None:
         return (release_pins(data.load("releases"), release)[0],)
-    settings = fleet.load_fleet(inventory).settings
+    settings = fleet.load_fleet(inventory, vault=vault).settings
     stacks = {}
     for host in settings.values():
         if host.stack is not None and host.stack.pip_pins:
@@ -50,12 +52,15 @@ def build_cmd(
     python: Annotated[list[str] | None, typer.Option("--python", help="The servers' major.minor Python "
                                                      "(repeatable); default 3.11.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each pip resolve may take.")] = DEFAULT_TIMEOUT,
+    vault_password_file: VaultFileOption = None,
+    ask_vault_pass: AskVaultOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Resolve the pins with pip's resolver, download every wheel of the closure into --out, write one hash
     lock per row, arch and Python (lock-vllm-ascend-<ver>-<digest>-<arch>-py<X.Y>.txt) and SHA256SUMS."""
+    vault = vault_options(vault_password_file, ask_vault_pass)
     request = WheelhouseRequest(
-        stacks=_stacks(inventory, release), arches=tuple(arch or [platform.machine()]),
+        stacks=_stacks(inventory, release, vault), arches=tuple(arch or [platform.machine()]),
         pythons=tuple(python or ["3.11"]), out=out, index_url=index_url, find_links=tuple(find_links or ()),
         timeout=timeout)
     result = build(request, progress=None if as_json else ui.progress)

@@ -277,7 +277,7 @@ class _Run:
         members = self.members(hosts)
         if not members:
             return
-        result = self.gateway.drain(self.inputs.inventory, members, on_event=self.progress)
+        result = self.gateway.drain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress)
         if not result.ok:
             raise _BatchFailed(hosts[0], "drained", "drain failed: " + "; ".join(result.errors),
                                ExitStatus.PLAYBOOK_FAILED)
@@ -286,7 +286,9 @@ class _Run:
 
     def undrain(self, hosts: Sequence[str]) -> GatewayResultLike | None:
         members = self.members(hosts)
-        return self.gateway.undrain(self.inputs.inventory, members, on_event=self.progress) if members else None
+        if not members:
+            return None
+        return self.gateway.undrain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress)
 
     def provision(self, hosts: Sequence[str], which: str) -> None:
         inputs = provision_verb.ProvisionInputs(inventory=self.inputs.inventory, limit=",".join(hosts),
@@ -592,6 +594,8 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
             gateway: Gateway | None = None) -> UpgradeResult:
     gateway = gateway if gateway is not None else gateway_adapter
     fleet = load_fleet(inputs.inventory, vault=inputs.vault)
+    # As deploy does: a gateway the play would refuse is refused here, before dsctl check, a probe or a drain.
+    fleet.check_gateways()
     path = inputs.state_path()
     if not path.is_file() and inputs.legacy_state_path().is_file():
         path = inputs.legacy_state_path()
