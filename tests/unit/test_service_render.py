@@ -37,14 +37,13 @@ CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-D
 MINDIE = {"name": "mi", "engine": "mindie", "model": "/models/Qwen2.5-7B-Instruct/", "npus_per_instance": 4,
           "instances": 2, "allow_unauthenticated": True,
           "params": {"maxBatchSize": 256, "maxPrefillBatchSize": 64, "supportSelectBatch": True}}
-DRIVER_MOUNTS = [  # ascend-interfaces.md section 10 (vllm-ascend docs/source/installation.md)
-    "/usr/local/dcmi:/usr/local/dcmi",
-    "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
-    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
-    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/",
-    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
-    "/etc/ascend_install.info:/etc/ascend_install.info",
-    "/root/.cache:/root/.cache",
+DRIVER_MOUNTS = [  # ascend-interfaces.md section 10 (vllm-ascend docs/source/installation.md), read-only
+    "/usr/local/dcmi:/usr/local/dcmi:ro",
+    "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool:ro",
+    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi:ro",
+    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/:ro",
+    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info:ro",
+    "/etc/ascend_install.info:/etc/ascend_install.info:ro",
 ]
 MANAGER_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 
@@ -330,6 +329,17 @@ def test_container_run_command():
     assert exec_argv(files["chat-1"]["launch"].content)[0] == "vllm"
     assert env_lines(files["chat-1"]["env"].content)["ASCEND_RT_VISIBLE_DEVICES"] == "0,1,2,3"
     assert (files["chat-1"]["env"].owner, files["chat-1"]["env"].mode) == ("root", 0o600)
+
+
+def test_container_mounts_nothing_of_the_host_writable_but_the_cache_a_service_asks_for():
+    base = {**CHAT, "manager": "container", "image": "quay.io/ascend/vllm-ascend:v0.13.0"}
+    for service, writable in ((base, []), ({**base, "container_cache": "/var/cache/dsctl/chat"},
+                                           ["/var/cache/dsctl/chat:/root/.cache"])):
+        argv = exec_argv(rendered(service)["chat-1"]["unit"].content)
+        mounts = [argv[i + 1] for i, word in enumerate(argv) if word == "-v"]
+        assert [m for m in mounts if not m.endswith(":ro")] == writable, mounts
+    with pytest.raises(Exception, match="container_cache"):
+        rendered({**CHAT, "container_cache": "/var/cache/dsctl/chat"})  # not a container: refused
 
 
 def test_container_single_npu_and_podman():

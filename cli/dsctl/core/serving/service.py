@@ -426,6 +426,9 @@ class ServiceSpec(BaseModel):
                                            description="a number of seconds 1..86400")] = 900
     image: Annotated[ImageRef | None, Field(description="a container image reference")] = None
     container_runtime: Annotated[Literal["docker", "podman"], Field(description="docker or podman")] = "docker"
+    # A host directory mounted read-write at the container's /root/.cache (compile and download caches); without
+    # it the container keeps its caches to itself and nothing of the host is writable from inside.
+    container_cache: Annotated[SafePath | None, Field(description=SAFE_PATH_WORDS)] = None
     venv: Annotated[SafePath | None, Field(description=SAFE_PATH_WORDS)] = None
     time_scale: Annotated[float | None, Field(strict=True, gt=0, description="a number > 0")] = None
 
@@ -500,7 +503,7 @@ class ServiceSpec(BaseModel):
             raise _Problem("image", "required with manager container (the image that has the engine); "
                                     "add it to the service")
         if not container:
-            for field in ("image", "container_runtime"):
+            for field in ("image", "container_runtime", "container_cache"):
                 if field in explicit:
                     raise _Problem(field, f"only for manager container (this service uses {self.manager}); "
                                           "remove it or set manager: container")

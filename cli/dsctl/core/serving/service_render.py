@@ -321,7 +321,8 @@ def _unit(spec: ServiceSpec, instance: Instance, common: Mapping[str, Any], *, i
         model_mount = spec.model.rstrip("/") if spec.model.startswith("/") else None
         text = render_template("managers/container-run.sh.j2", runtime=spec.container_runtime, image=spec.image,
                                devices=[f"/dev/davinci{npu}" for npu in instance.npus],
-                               hccn_tool=len(instance.npus) > 1, model_mount=model_mount, **context)
+                               hccn_tool=len(instance.npus) > 1, model_mount=model_mount,
+                               cache_mount=spec.container_cache, **context)
         return RenderedFile(posixpath.join(instance_dir, "container-run.sh"), text, 0o750, False, "unit")
     directory = _absolute_dir("unit_dir", unit_dir) if unit_dir else UNIT_DIRS[spec.manager]
     if spec.manager == "systemd":
