@@ -21,6 +21,7 @@ import pytest
 
 import dsctl
 from dsctl.core.hostfacts import versionfiles as vf
+from dsctl.engine import server
 from dsctl.engine.text import count_tokens
 
 from .conftest import free_port, install_toolkits
@@ -556,6 +557,31 @@ def test_chunked_request_body_and_expect_continue(engine):
             data += chunk
     status, _, body = parse_response(data)
     assert status == 200 and json.loads(body)["usage"]["prompt_tokens"] == 2
+
+
+@pytest.mark.parametrize("size_line", [b"-5", b"+5", b"5" + b"0" * 70000, b"zz"])
+def test_a_bad_chunk_size_line_is_a_400_not_a_traceback(engine, size_line):
+    with socket.create_connection(("127.0.0.1", engine.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + size_line + b"\r\nhello\r\n0\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400 "), data[:80]
+    assert "Traceback" not in engine.err.read_text() + engine.log.read_text()
+    assert request(engine.port, "GET", "/health")[0] == 200
+
+
+def test_a_thousand_idle_connections_do_not_shut_health_out(engine):
+    """One client holding every connection the engine allows: the longest-idle one makes room for the next."""
+    held = []
+    try:
+        for _ in range(server.MAX_CONNECTIONS):
+            held.append(socket.create_connection(("127.0.0.1", engine.port), timeout=30))
+        assert request(engine.port, "GET", "/health")[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def test_kv_pressure_preempts_and_every_request_still_completes(tmp_path):

@@ -57,7 +57,9 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 IDLE_TIMEOUT_SECONDS = 5.0     # a kept-alive connection with no new request is closed
 HEADER_TIMEOUT_SECONDS = 10.0  # a request head must be complete this long after its first byte
 BODY_TIMEOUT_SECONDS = 30.0    # and its body this long after the head
-MAX_CONNECTIONS = 1000         # more open connections are answered 503 and closed (fds stay available)
+MAX_CONNECTIONS = 1000         # more open connections: the longest-idle kept-alive one is closed for the new one, or
+                               # (none idle) the new one is answered 503 and closed (fds stay available)
+MAX_TRAILER_LINES = 64         # trailer lines after a chunked body; more is 431
 MAX_BODY_BYTES_TOTAL = 256 * 1024 * 1024  # request bodies being read at once, over all connections
 DISCONNECT_CHECK_SECONDS = 1.0
 WRITE_SLICE_SECONDS = 0.0001  # the longest the engine loop writes tokens before it lets the event loop read requests
@@ -396,11 +398,20 @@ class HttpServer:
         self.config = config
         self.ready = False
         self.connections: set[asyncio.StreamWriter] = set()
+        # kept-alive connections waiting for their next request, oldest first (dicts keep insertion order)
+        self.idle: dict[asyncio.StreamWriter, None] = {}
         self.body_bytes_in_flight = 0
 
     # -- connection ---------------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self.connections) >= MAX_CONNECTIONS and self.idle:
+            # Room for the new connection at the cost of the longest-idle one (as servers reclaim kept-alive
+            # sockets): a client holding a thousand idle connections can no longer make /health answer 503.
+            oldest = next(iter(self.idle))
+            self.idle.pop(oldest)
+            self.connections.discard(oldest)
+            oldest.close()
         if len(self.connections) >= MAX_CONNECTIONS:
             self._simple(writer, 503, {"detail": "Service Unavailable"}, False)
             writer.close()
@@ -410,8 +421,14 @@ class HttpServer:
         client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         try:
             while True:
+                self.idle[writer] = None
                 try:
                     await asyncio.wait_for(_first_byte(reader), IDLE_TIMEOUT_SECONDS)
+                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                    break
+                finally:
+                    self.idle.pop(writer, None)
+                try:
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_SECONDS)
                 except (asyncio.IncompleteReadError, TimeoutError):
                     break
@@ -440,6 +457,7 @@ class HttpServer:
             pass
         finally:
             self.connections.discard(writer)
+            self.idle.pop(writer, None)
             try:
                 writer.close()
             except Exception:  # noqa: BLE001 - the peer is gone either way
@@ -501,15 +519,25 @@ class HttpServer:
         total = 0
         try:
             while True:
-                size_line = await reader.readuntil(b"\r\n")
                 try:
-                    size = int(size_line.split(b";", 1)[0].strip(), 16)
+                    size_line = await reader.readuntil(b"\r\n")
+                except asyncio.LimitOverrunError:  # a chunk-size line longer than the reader's 64 KiB
+                    raise HttpError(400) from None
+                digits = size_line.split(b";", 1)[0].strip()
+                try:
+                    size = int(digits, 16)
                 except ValueError:
                     raise HttpError(400) from None
+                if size < 0 or digits.startswith((b"-", b"+")):  # int() takes a sign; HTTP's chunk-size does not
+                    raise HttpError(400)
                 if size == 0:
-                    while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                        pass
-                    return b"".join(parts)
+                    for _ in range(MAX_TRAILER_LINES + 1):
+                        try:
+                            if await reader.readuntil(b"\r\n") == b"\r\n":
+                                return b"".join(parts)
+                        except asyncio.LimitOverrunError:
+                            raise HttpError(431) from None
+                    raise HttpError(431)
                 if total + size > MAX_BODY_BYTES:
                     raise HttpError(413)
                 if self.body_bytes_in_flight + size > MAX_BODY_BYTES_TOTAL:
@@ -517,7 +545,8 @@ class HttpServer:
                 total += size
                 self.body_bytes_in_flight += size
                 parts.append(await reader.readexactly(size))
-                await reader.readexactly(2)
+                if await reader.readexactly(2) != b"\r\n":
+                    raise HttpError(400)
         finally:
             self.body_bytes_in_flight -= total
 
