@@ -7,7 +7,10 @@ tail, ansible-inventory reading the inventory, the schema and the planner.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +61,17 @@ def fake_ansible(tmp_path, monkeypatch):
     configure.vault_mode_seen = lambda: int((tmp_path / "argv.json.vault-mode").read_text(), 8)
     configure.env_seen = lambda: json.loads((tmp_path / "argv.json.env").read_text())
     return configure
+
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+
+
+def run_local_playbook(playbook: Path) -> subprocess.CompletedProcess:
+    """Real ansible-playbook on ``playbook`` over the local connection, with dsctl's ansible.cfg and plugins."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+           "PYTHONPATH": str(REPO / "cli")}
+    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
+                           "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
+                          capture_output=True, text=True, env=env, timeout=120)

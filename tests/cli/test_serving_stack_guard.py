@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from .conftest import run_local_playbook
+
 ROOT = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 GUARDED = ["Look at the serving venv path", "Look for dsctl's marks in the directory at the serving venv path",
            "Refuse to remove a directory dsctl did not make",
            "Remove a serving venv made before venvs were kept per stack"]
@@ -35,12 +35,7 @@ def run_guard(tmp_path: Path, venv: str) -> subprocess.CompletedProcess:
         "vars": {"serving_stack_pins": {"vllm": "0.13.0"}, "serving_stack_venv": venv,
                  "serving_stack_marker": defaults["serving_stack_marker"]},
         "tasks": role_tasks()}]))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-           "PYTHONPATH": str(ROOT / "cli")}
-    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
-                           "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return run_local_playbook(playbook)
 
 
 @pytest.mark.parametrize("mark", [".dsctl-managed", "dsctl-requirements.txt"])

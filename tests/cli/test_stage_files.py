@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+from .conftest import run_local_playbook
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the staged files are owned by root")
 
@@ -26,12 +24,7 @@ def stage(tmp_path: Path, src: Path, files: list[str], dest: Path) -> subprocess
                    "register": "staged"},
                   {"name": "Keep the result", "ansible.builtin.copy": {
                       "content": "{{ staged | to_json }}", "dest": str(tmp_path / "result.json"), "mode": "0600"}}]}]))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-           "PYTHONPATH": str(ROOT / "cli")}
-    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
-                           "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return run_local_playbook(playbook)
 
 
 def result_of(tmp_path: Path) -> dict:

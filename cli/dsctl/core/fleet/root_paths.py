@@ -72,25 +72,22 @@ def check_dir(value: str, *, action: str, example: str) -> str:
     ``action`` says what the role does there ("replace it"), ``example`` is a good value (the setting's default).
     """
     _normal(value, action, example)
-    if value in SYSTEM_DIRS:
-        raise RootPathRefused(f"{value!r} is a system directory; dsctl would {action}. Fix: a directory of its "
-                              f"own such as {example}")
-    if value in SYSTEM_FILES:
-        raise RootPathRefused(f"{value!r} is a file the system owns; dsctl would {action}. Fix: a directory of its "
-                              f"own such as {example}")
+    _refuse_system(value, action, f"a directory of its own such as {example}")
     return value
+
+
+def _refuse_system(value: str, action: str, fix: str) -> None:
+    if value in SYSTEM_FILES:
+        raise RootPathRefused(f"{value!r} is a file the system owns; dsctl would {action}. Fix: {fix}")
+    if value in SYSTEM_DIRS:
+        raise RootPathRefused(f"{value!r} is a system directory; dsctl would {action}. Fix: {fix}")
 
 
 def check_env_file(value: str, *, action: str, example: str) -> str:
     """``value`` if it is an env file dsctl may write as root: in /etc/profile.d under a dsctl name, or in a
     directory of dsctl's own; else `RootPathRefused`."""
     _normal(value, action, example)
-    if value in SYSTEM_FILES:
-        raise RootPathRefused(f"{value!r} is a file the system owns; dsctl would {action}. Fix: a file of its own "
-                              f"such as {example}")
-    if value in SYSTEM_DIRS:
-        raise RootPathRefused(f"{value!r} is a system directory; dsctl would {action}. Fix: a file of its own "
-                              f"such as {example}")
+    _refuse_system(value, action, f"a file of its own such as {example}")
     directory, name = posixpath.split(value)
     if directory == PROFILE_D and name.startswith("dsctl") and name.endswith(".sh"):
         return value
