@@ -82,6 +82,9 @@ def test_a_missing_dependency_names_the_pin_and_the_index(mirror, tmp_path, caps
     (["--release", "v0.13.0", "--find-links", "x", "--python", "311"],
      "python: expected a major.minor version such as 3.11, got '311'"),
     (["--release", "v0.13.0", "--find-links", "x", "--timeout", "0"], "--timeout: 0 should be more than 0 seconds"),
+    (["--release", "v0.13.0", "--find-links", "/nonexistent/wheels"],
+     "--find-links /nonexistent/wheels: no such directory or file; give a directory of wheels, a page of links, "
+     "or a URL"),
 ])
 def test_bad_input_is_refused_before_pip_runs(tmp_path, capsys, args, line):
     assert main(["wheelhouse", "build", *args, "--out", str(tmp_path / "wh")]) == 2

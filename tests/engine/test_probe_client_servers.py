@@ -311,6 +311,53 @@ def test_a_stream_that_ends_without_done_is_truncated_not_a_success():
     assert [r.error for r in result.records] == [ErrorClass.CONNECTION] * 4
 
 
+async def never_ends_an_event(seen: Seen, data: dict, write: Writer) -> bool:
+    """One "data:" line that never ends: 2 MiB of a JSON string in 64 KiB chunks, no blank line (issue 19)."""
+    await write(b'data: {"choices": [{"text": "')
+    for _ in range(32):
+        await write(b"x" * 65536)
+    return True
+
+
+def test_a_stream_without_event_ends_fails_that_request_as_protocol_within_a_bounded_buffer():
+    async def main():
+        async with Server(never_ends_an_event) as server:
+            return await probe(server, requests=2, concurrency=1)
+
+    result = run(main())
+    assert [r.error for r in result.records] == [ErrorClass.PROTOCOL] * 2
+    assert "server-sent event over 1 MiB" in result.records[0].error_detail
+
+
+@dataclass
+class RawServer(Server):
+    """Answers every request with ``raw`` after a chunked event-stream head, then holds the connection open."""
+
+    raw: bytes = b""
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n" + self.raw)
+            await writer.drain()
+            await asyncio.sleep(3)  # the client must give up on the line, not wait for the connection to close
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_a_chunk_size_line_without_its_end_fails_that_request_as_protocol():
+    async def main():
+        async with RawServer(stream_with_usage, raw=b"0" * 8192) as server:
+            return await probe(server, requests=1, concurrency=1)
+
+    result = run(main())
+    assert [r.error for r in result.records] == [ErrorClass.PROTOCOL]
+    assert "chunk-size line over 4096 bytes" in result.records[0].error_detail
+
+
 def test_the_error_rate_limit_says_how_many_failed_and_why():
     # Every third request is cut short: about 33 % of requests fail, beyond the default 5 % but within 50 %.
     count = {"n": 0}

@@ -37,7 +37,14 @@ TUNE_ARGS = ("--slo", "ttft=200ms", "--requests", "16", "--prompt-tokens", "256"
 
 def tune_inventory(lab, directory: Path) -> Path:
     (directory / "tune").mkdir(exist_ok=True)
-    return inventory(lab, directory / "tune", [TUNE])
+    path = inventory(lab, directory / "tune", [TUNE])
+    # Time scale 1: the emulated engine's Python overheads count 1/scale times in modelled time, and under the
+    # suite's four workers on two cores a 0.5 scale pushed one instance's confirming probe past 200 ms (CI, stop 23:
+    # 205.6 ms). The story is about tune's mechanics, not the lab's speed; probes are a small part of its time.
+    data = yaml.safe_load(path.read_text())
+    data["all"]["children"]["npu_nodes"]["vars"]["dsctl_ascend_env"] = {"DSCTL_ENGINE_TIME_SCALE": "1"}
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 def test_a_live_tune_meets_the_slo_writes_the_winner_back_and_every_instance_serves_it(served_lab):

@@ -149,3 +149,14 @@ def test_a_trace_replays_its_timestamps_and_a_rate_overrides_them(tmp_path: Path
     untimed.write_text('{"prompt": "x"}\n')
     with pytest.raises(UsageError, match="give --rate"):
         make_plan(ProbeConfig(url="http://127.0.0.1:1", dataset=untimed))
+
+
+@pytest.mark.parametrize(("suffix", "line"), [
+    (".json", "nested too deeply to be a ShareGPT list"),
+    (".jsonl", "line 1: nested too deeply to be a prompt entry"),
+])
+def test_a_dataset_nested_thousands_deep_is_one_line_not_a_recursion_error(tmp_path: Path, suffix, line):
+    path = tmp_path / f"deep{suffix}"
+    path.write_text("[" * 100_000 + "]" * 100_000 if suffix == ".json" else '{"prompt": ' + "[" * 100_000 + "\n")
+    with pytest.raises(UsageError, match=line):
+        read_dataset(path, count_tokens)

@@ -67,6 +67,11 @@ DEFAULT_REQUEST_ID_HEADER = "x-request-id"
 _MAX_HEADER = 64 * 1024
 _MAX_ERROR_BODY = 4096
 _MAX_DOCUMENT = 1 << 20
+# One server-sent event (its "data:" lines up to the blank line). vLLM's largest are a chunk with logprobs or the
+# final usage chunk, a few KiB; 1 MiB leaves room for top-logprobs of long chunks and still bounds a peer that never
+# sends the blank line (unbounded, such a stream grew the buffer to ~250 MB in 40 s and was rescanned on every read).
+_MAX_SSE_EVENT = 1 << 20
+_MAX_CHUNK_LINE = 4096  # an HTTP/1.1 chunk-size line: hex digits and extensions (RFC 9112 7.1)
 
 
 class ProbeError(Exception):
@@ -409,6 +414,9 @@ class _Conn(asyncio.Protocol):
                 continue
             eol = raw.find(b"\r\n", pos)
             if eol < 0:
+                if size_raw - pos > _MAX_CHUNK_LINE:
+                    self.fail(ErrorClass.PROTOCOL, f"a chunk-size line over {_MAX_CHUNK_LINE} bytes", now)
+                    return None
                 break
             try:
                 size = int(raw[pos:eol].split(b";", 1)[0], 16)
@@ -437,12 +445,17 @@ class _Conn(asyncio.Protocol):
             self._release(now)
 
     def _events(self, data: bytes, now: float) -> None:
-        sse = self.sse + data if self.sse else data
-        if b"\r" in sse:
+        held = len(self.sse)
+        sse = self.sse + data if held else data
+        if b"\r" in data or self.sse.endswith(b"\r"):  # the held part is already normalised
             sse = sse.replace(b"\r\n", b"\n")
         start = 0
+        # The held part has no blank line in it: look for the first one only where the new bytes begin (two back, for
+        # a "\n" or "\r\n" split across reads), not from the start of a long pending event on every read.
+        scan = max(0, held - 2)
         while True:
-            end = sse.find(b"\n\n", start)
+            end = sse.find(b"\n\n", scan)
+            scan = end + 2
             if end < 0:
                 break
             event = sse[start:end]
@@ -477,6 +490,11 @@ class _Conn(asyncio.Protocol):
                 self._other(payload, now)
             if self.finished:
                 return
+        if len(sse) - start > _MAX_SSE_EVENT:
+            self.sse = b""
+            self.fail(ErrorClass.PROTOCOL, f"a server-sent event over {_MAX_SSE_EVENT >> 20} MiB without the blank "
+                      "line that ends it", now)
+            return
         self.sse = sse[start:] if start < len(sse) else b""
 
     def _usage(self, payload: bytes, now: float) -> None:

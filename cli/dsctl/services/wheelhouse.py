@@ -83,6 +83,11 @@ def check_request(request: WheelhouseRequest) -> None:
         wheel_lock.normalized_arch(arch)
     for python in request.pythons:
         wheel_lock.python_tag(python)
+    for link in request.find_links:
+        # pip takes a URL or a local directory/page; a missing local one would surface as "no wheel of torch"
+        if "://" not in link and not Path(link).exists():
+            raise UsageError(f"--find-links {link}: no such directory or file; give a directory of wheels, a page "
+                             "of links, or a URL")
     if request.out.exists() and not request.out.is_dir():
         raise UsageError(f"--out: {request.out} exists and is not a directory")
 

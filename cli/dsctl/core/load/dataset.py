@@ -56,6 +56,8 @@ def _sharegpt(text: str, name: str, count: Counter) -> Dataset:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:  # json nests by recursion: arrays or objects thousands deep are no dataset
+        raise ValueError(f"{name}: nested too deeply to be a ShareGPT list") from None
     if not isinstance(doc, list):
         raise ValueError(f"{name}: a ShareGPT file is a JSON list of {{\"conversations\": [...]}} entries")
     if len(doc) > MAX_ENTRIES:
@@ -103,6 +105,8 @@ def _jsonl(text: str, name: str, count: Counter) -> Dataset:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{where}: nested too deeply to be a prompt entry") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{where}: needs a \"prompt\" string or a \"messages\" list")
         if "conversations" in raw:
