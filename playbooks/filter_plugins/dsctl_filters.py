@@ -232,6 +232,14 @@ def audit_report(host_state, stack, expected_npus, env_expected=None) -> dict:
     return report.to_dict()
 
 
+def downgrades_of(host_state, stack) -> list[str]:
+    """The parts provision would move to an older version than the host runs ("CANN 8.5.0 -> 8.3.RC2")."""
+    _require_core()
+    state = hoststate.HostState.from_dict(_plain(host_state))
+    desired = DesiredStack.from_dict(_plain(stack))
+    return install_steps.downgrades(install_steps.plan_install_steps(desired, state), desired, state)
+
+
 def install_steps_of(host_state, stack) -> list[dict]:
     """The ordered install/upgrade/switch/none steps of driver, firmware, toolkit, kernels/ops and NNAL."""
     _require_core()
@@ -301,6 +309,7 @@ class FilterModule:
             "dsctl_audit": audit_report,
             "dsctl_service_instances": service_instances,
             "dsctl_install_steps": install_steps_of,
+            "dsctl_downgrades": downgrades_of,
             "dsctl_switched_version_cfg": switched_version_cfg,
             "dsctl_platform_blockers": platform_blockers,
             "dsctl_serving_venv_name": serving_venv_dir_name,

@@ -37,6 +37,14 @@ options:
     description: The driver's run group.
     type: str
     default: HwHiAiUser
+  instances:
+    description:
+      - Serving instances whose process to inspect (C(name), C(unit), C(manager) supervisor, systemd or container,
+        C(runtime) for a container). For each, the CANN version directories its process has mapped
+        (C(/proc/PID/maps): the libraries it loaded), so an instance left on a stack no longer active shows.
+    type: list
+    elements: dict
+    default: []
 author: dsctl
 """
 
@@ -141,6 +149,41 @@ def npu_smi_state(module):
     return {"path": path, "info": info, "boards": boards}
 
 
+PID_COMMANDS = {
+    "supervisor": lambda unit, runtime: ["supervisorctl", "pid", unit],
+    "systemd": lambda unit, runtime: ["systemctl", "show", "--property", "MainPID", "--value", unit],
+    "container": lambda unit, runtime: [runtime or "docker", "inspect", "-f", "{{.State.Pid}}", unit],
+}
+MAX_MAPS_BYTES = 16 * 1024 * 1024  # a serving process maps a few thousand regions; bounded read
+
+
+def instance_state(module, install_path, item):
+    """The instance's main PID (None: not running) and the CANN version directories its process maps."""
+    manager = str(item.get("manager") or "")
+    command = PID_COMMANDS.get(manager)
+    found = {"name": item.get("name"), "unit": item.get("unit"), "pid": None, "cann": []}
+    if command is None or not item.get("unit"):
+        return found
+    result = run(module, command(str(item["unit"]), item.get("runtime")))
+    text = (result.get("stdout") or "").strip()
+    if result.get("rc") != 0 or not text.isdigit() or int(text) <= 0:
+        return found
+    found["pid"] = int(text)
+    try:
+        with open(f"/proc/{int(text)}/maps", encoding="utf-8", errors="replace") as handle:
+            maps = handle.read(MAX_MAPS_BYTES)
+    except OSError:
+        return found
+    prefix = os.path.join(install_path, "ascend-toolkit") + "/"
+    versions = set()
+    for line in maps.splitlines():
+        path = line.split(None, 5)[5] if len(line.split(None, 5)) == 6 else ""
+        if path.startswith(prefix):
+            versions.add(path[len(prefix):].split("/", 1)[0])
+    found["cann"] = sorted(v for v in versions if v and v != "latest")
+    return found
+
+
 def serving_state(venv):
     if not venv:
         return None
@@ -197,6 +240,7 @@ def main():
             "serving_python": {"type": "path"},
             "run_user": {"type": "str", "default": "HwHiAiUser"},
             "run_group": {"type": "str", "default": "HwHiAiUser"},
+            "instances": {"type": "list", "elements": "dict", "default": []},
         },
         supports_check_mode=True,
     )
@@ -238,6 +282,7 @@ def main():
         "run_user": user_state(params["run_user"], params["run_group"]),
         "serving": serving_state(params["serving_venv"]),
         "serving_python": python_version(module, params["serving_python"]),
+        "instances": [instance_state(module, install_path, item) for item in params["instances"][:256]],
     }
     module.exit_json(changed=False, ascend_raw=raw)
 

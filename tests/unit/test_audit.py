@@ -416,3 +416,16 @@ def test_versions_are_the_same_release_in_any_spelling():
     raw = host_raw("25.3.rc1", ("8.3.RC2",), packages=stack.pip_pins)
     report = audit(raw, stack)
     assert not [code for code in codes(report, "error")], report.findings
+
+
+def test_an_instance_whose_process_maps_another_cann_than_the_active_one_is_an_error_naming_the_fix():
+    from dsctl.core.fleet.audit import instance_findings
+
+    instances = [{"name": "chat-0", "pid": 4242, "cann": ["8.5.0"]},
+                 {"name": "chat-1", "pid": 4243, "cann": ["8.3.RC2"]}, {"name": "chat-2", "pid": None, "cann": []}]
+    found = instance_findings("lab-01", "inv.yml", instances, "8.3.rc2")
+    assert [(f.severity, f.code) for f in found] == [("error", "instance-stale-stack")]
+    assert found[0].sentence == ("Instance chat-0 (pid 4242) runs on CANN 8.5.0, but CANN 8.3.rc2 is active: it was "
+                                 "started before latest/ was switched.")
+    assert found[0].fix == "Restart it onto the active stack: dsctl deploy inv.yml --restart --limit lab-01."
+    assert instance_findings("lab-01", "inv.yml", instances[1:], "8.3.RC2") == []

@@ -11,6 +11,7 @@ from dsctl.core.fleet.install_steps import (
     by_component,
     cann_switch_only,
     describe,
+    downgrades,
     packages_needed,
     plan_install_steps,
     switched_version_cfg,
@@ -205,3 +206,30 @@ def test_serving_venv_name_is_one_per_pin_set():
     assert serving_venv_name({name.replace("-", "_").upper(): v for name, v in a.items()}) == serving_venv_name(a)
     assert serving_venv_name({**a, "torch-npu": "2.7.1.post2"}) != serving_venv_name(a)
     assert serving_venv_name({}).startswith("stack-")
+
+
+def test_a_stack_older_than_the_host_runs_is_named_as_a_downgrade_part_by_part():
+    """After dsctl upgrade moved the host to 8.5.0 / v0.13.0, an inventory still naming 8.3.RC2 / v0.11.0 (issue 20):
+    the CANN switch back and the serving stack's older vllm-ascend are downgrades; the same stack is none."""
+    older = desired("25.5.0", "8.3.RC2", "v0.11.0")
+    raw = side_by_side("8.5.0", "8.3.RC2")
+    raw["serving"]["packages"] = {**raw["serving"]["packages"], "vllm-ascend": "0.13.0"}
+    state = parse_host(raw)
+    steps = plan_install_steps(older, state)
+    assert downgrades(steps, older, state) == ["CANN 8.5.0 -> 8.3.RC2", "vllm-ascend 0.13.0 -> 0.11.0"]
+    newer = desired("25.5.0", "8.5.0", "v0.13.0")
+    assert downgrades(plan_install_steps(newer, state), newer, state) == []
+
+
+def test_an_upgrade_and_a_fresh_install_are_not_downgrades():
+    stack = desired()
+    for raw in (bare_raw(), host_raw("24.1.rc3", ("8.0.0",), packages={"vllm-ascend": "0.9.1"})):
+        state = parse_host(raw)
+        assert downgrades(plan_install_steps(stack, state), stack, state) == []
+
+
+def test_an_older_driver_is_a_downgrade():
+    stack = desired("25.3.rc1", "8.5.0", "v0.13.0")
+    state = parse_host(host_raw("25.5.0", ("8.5.0",), packages={"vllm-ascend": "0.13.0"}))
+    found = downgrades(plan_install_steps(stack, state), stack, state)
+    assert found[1] == "driver 25.5.0 -> 25.3.rc1" and found[0].startswith("firmware ") and len(found) == 2

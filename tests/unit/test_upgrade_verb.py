@@ -454,3 +454,80 @@ def test_the_vault_options_reach_every_drain_and_undrain(world, tmp_path):
     vault = VaultOptions(password_file=secret)
     assert run(**TO_NEW, vault=vault).exit_status == ExitStatus.OK
     assert len(fleet.gateway_vaults) == 2 * len(HOSTS) and all(given is vault for given in fleet.gateway_vaults)
+
+
+# --------------------------------------------------------------------------- the inventory follows (issue 20)
+
+
+def inventory_versions_of(inventory: Path) -> dict:
+    nodes = yaml.safe_load(inventory.read_text())["all"]["children"]["npu_nodes"]["vars"]
+    return {key: nodes[key] for key in ("dsctl_cann_version", "dsctl_vllm_ascend_version")}
+
+
+def test_a_finished_upgrade_writes_its_versions_into_the_inventory_and_a_rollback_writes_the_old_ones_back(world):
+    fleet, run, inventory, _ = world
+    inventory.write_text("# the site's fleet\n" + inventory.read_text())
+    result = run(**TO_NEW)
+    assert result.exit_status == ExitStatus.OK, result.errors
+    assert inventory_versions_of(inventory) == {"dsctl_cann_version": "8.5.0", "dsctl_vllm_ascend_version": "v0.13.0"}
+    assert inventory.read_text().startswith("# the site's fleet\n")  # a round trip: comments kept
+    assert any("dsctl_cann_version: 8.3.RC2 -> 8.5.0 (group npu_nodes)" in line for line in result.inventory)
+    back = run(rollback=True)
+    assert back.exit_status == ExitStatus.OK, back.errors
+    assert inventory_versions_of(inventory) == {"dsctl_cann_version": "8.3.RC2", "dsctl_vllm_ascend_version": "v0.11.0"}
+    assert run(**TO_NEW).exit_status == ExitStatus.OK
+    # Once more with the same flags: nothing to do, and no edit.
+    again = run(**TO_NEW)
+    assert again.exit_status == ExitStatus.OK and not again.inventory
+
+
+def test_a_halted_upgrade_leaves_the_inventory_alone_until_every_host_is_done(world):
+    fleet, run, inventory, _ = world
+    before = inventory.read_text()
+    fleet.fail_install.add(("h2", "8.5.0"))
+    assert run(**TO_NEW).exit_status == ExitStatus.PLAYBOOK_FAILED
+    assert inventory.read_text() == before
+
+
+def test_a_resume_after_the_inventory_changed_is_refused_with_the_reason(world):
+    fleet, run, inventory, _ = world
+    fleet.interrupt = ("deploy.yml", "h2")
+    with pytest.raises(UpgradeInterrupted):
+        run(**TO_NEW)
+    inventory.write_text(inventory.read_text().replace("8.3.RC2", "8.5.0").replace("v0.11.0", "v0.13.0"))
+    with pytest.raises(UsageError, match=r"--resume: the inventory changed since the upgrade began \(h1: CANN 8.3.RC2"):
+        run(resume=True)
+
+
+def test_a_templated_version_is_refused_before_any_host_is_contacted(world):
+    fleet, run, inventory, _ = world
+    data = yaml.safe_load(inventory.read_text())
+    group = data["all"]["children"]["npu_nodes"]["vars"]
+    group.update(dsctl_cann_version="{{ site_cann }}", site_cann="8.3.RC2")
+    inventory.write_text(yaml.safe_dump(data))
+    with pytest.raises(UsageError, match=r"dsctl_cann_version \(group npu_nodes\) is templated"):
+        run(**TO_NEW)
+    assert fleet.calls == []
+
+
+def test_provision_is_refused_while_an_upgrade_is_half_done_and_allowed_once_it_is_finished(world, monkeypatch):
+    from dsctl.services import provision as provision_verb
+    from dsctl.services.upgrade import _state_path, fleet_key
+
+    fleet, _, inventory, _ = world
+    monkeypatch.setenv("XDG_STATE_HOME", str(inventory.parent / "state"))
+    state_dir = _state_path(fleet_key(inventory)).parent
+
+    def run(**options):
+        return upgrade(fleet, fleet, UpgradeInputs(inventory=inventory, state_dir=state_dir, **options),
+                       gateway=fleet)
+
+    fleet.interrupt = ("deploy.yml", "h2")
+    with pytest.raises(UpgradeInterrupted):
+        run(**TO_NEW)
+    with pytest.raises(UsageError, match=r"an upgrade of this inventory is unfinished \(h1, h2 on its new stack"):
+        provision_verb.provision(fleet, provision_verb.ProvisionInputs(inventory=inventory))
+    assert run(resume=True).exit_status == ExitStatus.OK
+    result = provision_verb.provision(fleet, provision_verb.ProvisionInputs(inventory=inventory))
+    assert result.exit_status == ExitStatus.OK
+    assert {name: host.cann for name, host in fleet.hosts.items()} == dict.fromkeys(HOSTS, "8.5.0")

@@ -316,6 +316,7 @@ def serve(args: argparse.Namespace) -> int:
     found = cann.resolve(os.environ)
     (logger.info if found.version else logger.warning)("%s", found.log_line())
     plan["cann"] = found
+    cann.load_runtime(found)
     host = args.host if args.host is not None else "0.0.0.0"
     try:
         sock = _bind(host, args.port)  # vLLM binds before building the engine, and listens only once it is up

@@ -103,3 +103,25 @@ def resolve(environ: Mapping[str, str]) -> Cann:
         return Cann(running[1], home, variable, slowdown=_slowdown(home))
     return Cann(None, None, variable, f"{variable}={environ[variable].strip()} holds neither "
                                       f"<arch>-linux/{INSTALL_INFO} nor version.cfg")
+
+
+RUNTIME_LIBRARY = os.path.join("runtime", "lib64", "libascendcl.so")
+_LOADED: list = []  # the mappings, kept for the process's life as a loaded library is
+
+
+def load_runtime(found: Cann) -> str | None:
+    """Map the toolkit's ``libascendcl.so`` read-only, as torch_npu's dlopen of it does in a real serving process:
+    the mapping is what ``/proc/PID/maps`` shows under the version directory the process started on, and so what
+    `dsctl check` reads to tell which CANN a running instance really uses after ``latest/`` was switched under it.
+    Returns the mapped path, or None (no toolkit, no library, an empty file)."""
+    import mmap
+
+    if not found.toolkit:
+        return None
+    path = os.path.join(found.toolkit, RUNTIME_LIBRARY)
+    try:
+        with open(path, "rb") as handle:
+            _LOADED.append(mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ))
+    except (OSError, ValueError):
+        return None
+    return path

@@ -9,9 +9,10 @@ from typing import Any
 
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.fleet import audit
 from dsctl.errors import ExitStatus
 from dsctl.services import host_plan
-from dsctl.services.fleet import check_playbook_options, load_fleet
+from dsctl.services.fleet import Fleet, check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import REPORT_FACT, failure_lines
 
@@ -59,11 +60,25 @@ def env_states(env: list[dict[str, Any]], findings: list[dict[str, Any]]) -> lis
              else "verified"} for entry in env]
 
 
+def _instances_to_inspect(fleet: Fleet) -> dict[str, list[dict[str, Any]]]:
+    """Per host, the declared instances whose processes the audit reads (unit and service manager)."""
+    from dsctl.services.deploy_plan import plan_deploy
+
+    plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings})
+    found: dict[str, list[dict[str, Any]]] = {}
+    for item in plan.instances:
+        found.setdefault(item.host, []).append({
+            "name": item.instance.name, "unit": item.instance.unit, "manager": item.spec.manager,
+            "runtime": getattr(item.spec, "container_runtime", None)})
+    return found
+
+
 def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = no_progress) -> CheckResult:
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
     # --check as well: the audit play only reads, and Ansible's check mode makes that a guarantee.
     run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=True, vault=inputs.vault,
-                     extra_vars={host_plan.PLAN_VAR: fleet.plan()},
+                     extra_vars={host_plan.PLAN_VAR: fleet.plan(),
+                                 host_plan.CHECK_INSTANCES_VAR: _instances_to_inspect(fleet)},
                      on_event=progress, artifacts_dir=inputs.artifacts_dir)
     rows: list[dict[str, Any]] = []
     for name in sorted(run.hosts):
@@ -75,6 +90,13 @@ def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = 
             rows.append({"host": name, "status": outcome.status if outcome.status != "ok" else "error",
                          "findings": [], "versions": {}, "npus": {}, "env": env})
             continue
-        rows.append({"host": name, **report, "env": env_states(env, report.get("findings", []))})
+        row = {"host": name, **report, "env": env_states(env, report.get("findings", []))}
+        raw = outcome.facts.get("ascend_raw") or {}
+        stale = audit.instance_findings(name, str(inputs.inventory), list(raw.get("instances") or []),
+                                        ((report.get("versions") or {}).get("cann") or {}).get("active"))
+        if stale:
+            row["findings"] = [*row.get("findings", []), *(finding.to_dict() for finding in stale)]
+            row["status"] = "error"
+        rows.append(row)
     return CheckResult(hosts=tuple(rows), exit_status=exit_status_of([row["status"] for row in rows]),
                        errors=tuple(failure_lines(run)), run=run)

@@ -28,11 +28,14 @@ from dsctl.core.serving import service, service_render
 from dsctl.services import deploy_plan
 
 PLAN_VAR = "dsctl_plan"
+ALLOW_DOWNGRADE_VAR = "dsctl_allow_downgrade"  # dsctl provision --allow-downgrade; ascend_preflight reads it
+CHECK_INSTANCES_VAR = "dsctl_check_instances"  # dsctl check: {host: [instance]} whose processes ascend_validate reads
 PLAN_VERSION = 1
 SETTINGS_PREFIX = "dsctl_"
 # Options of one playbook run (dsctl passes them as extra vars, which reach hostvars): not host settings.
 RUN_OPTIONS = frozenset({deploy_plan.SERIAL_VAR, deploy_plan.FORCE_RESTART_VAR, deploy_plan.OVERRIDES_VAR,
-                         deploy_plan.ONLY_VAR, PLAN_VAR})
+                         deploy_plan.ONLY_VAR, PLAN_VAR, ALLOW_DOWNGRADE_VAR,
+                         CHECK_INSTANCES_VAR})
 ARCH_NAMED = ("driver_run", "firmware_run", "toolkit_run", "kernels_run", "nnal_run")
 
 # How each service manager tells whether an instance's process is alive (service_health's process check).

@@ -43,13 +43,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dsctl import data
-from dsctl.adapters import ansible_run, state_files
+from dsctl.adapters import ansible_run, inventory_versions, state_files
 from dsctl.adapters import gateway as gateway_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
+from dsctl.core.fleet.versions import same_version
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.upgrade import gate
 from dsctl.core.upgrade.plan import (
+    VARIABLES,
     BatchSize,
     UpgradePlan,
     Versions,
@@ -186,6 +188,23 @@ def fleet_key(inventory: Path) -> Path:
     return real
 
 
+def unfinished_upgrade(inventory: Path) -> str | None:
+    """The line refusing a provision of a fleet whose upgrade is half done (some hosts on the new stack, the
+    inventory not yet naming it): provision would move those hosts back.  None when there is none."""
+    path = _state_path(fleet_key(inventory))
+    if not path.is_file():
+        return None
+    try:
+        state = UpgradeState.from_json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, StateError):
+        return None  # dsctl upgrade itself reports a broken state file
+    if state.finished() or all(run.stage in ("pending", ROLLED_BACK) for run in state.hosts.values()):
+        return None
+    moved = sorted(host for host, run in state.hosts.items() if run.stage not in ("pending", ROLLED_BACK))
+    return (f"an upgrade of this inventory is unfinished ({', '.join(moved)} on its new stack; {path}): finish it "
+            f"with dsctl upgrade {inventory} --resume or undo it with --rollback before provisioning")
+
+
 def _state_path(inventory: Path) -> Path:
     key = hashlib.sha256(str(inventory).encode()).hexdigest()[:8]
     return ansible_run.runs_dir().parent / "upgrades" / f"{inventory.stem}-{key}" / STATE_FILE
@@ -219,10 +238,12 @@ class UpgradeResult:
     state_file: str | None
     halted: dict[str, str] | None = None
     plan: dict[str, Any] | None = None
+    inventory: tuple[str, ...] = ()  # what was (or, with --check, would be) written into the inventory
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": [row.to_dict() for row in self.hosts], "check_mode": self.check_mode,
-                "state_file": self.state_file, "halted": self.halted, "plan": self.plan}
+                "state_file": self.state_file, "halted": self.halted, "plan": self.plan,
+                "inventory": list(self.inventory)}
 
 
 class _BatchFailed(Exception):
@@ -291,8 +312,12 @@ class _Run:
         return self.gateway.undrain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress)
 
     def provision(self, hosts: Sequence[str], which: str) -> None:
+        # Going back to the source stack is a downgrade the rollback exists for; the verb restarts and probes the
+        # instances itself.
         inputs = provision_verb.ProvisionInputs(inventory=self.inputs.inventory, limit=",".join(hosts),
-                                                vault=self.inputs.vault, host_vars=self.versions_vars(hosts, which))
+                                                vault=self.inputs.vault, host_vars=self.versions_vars(hosts, which),
+                                                allow_downgrade=which == "source", restart_downgraded=False,
+                                                upgrade_guard=False)
         result = provision_verb.provision(self.runner, inputs, self.progress)
         _raise_for(result.exit_status, result.errors, hosts, "installed", [h.host for h in result.hosts
                                                                           if h.status in ("failed", "unreachable")])
@@ -606,6 +631,24 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
         return _upgrade(runner, prober, inputs, progress, gateway, fleet, path)
 
 
+def _changes(inputs: UpgradeInputs) -> dict[str, str]:
+    """The inventory variables the command line's versions set: what a finished upgrade writes back."""
+    return inputs.overrides().as_host_vars()
+
+
+def _changed_inventory(state: UpgradeState, fleet: Fleet) -> list[str]:
+    """Hosts whose inventory versions differ from those recorded when the upgrade began, one line each."""
+    now = _desired(fleet)
+    lines = []
+    for host, recorded in state.inventory_versions.items():
+        then = Versions.from_dict(recorded)
+        current = now.get(host, Versions())
+        if then.to_dict() != current.to_dict():
+            lines.append(f"{host}: {then.changed_label(current)} when the upgrade began, "
+                         f"{current.changed_label(then)} now")
+    return lines
+
+
 def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progress: ProgressSink,
              gateway: Gateway, fleet: Fleet, path: Path) -> UpgradeResult:
     plan: UpgradePlan | None = None
@@ -614,7 +657,15 @@ def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, prog
         if sorted(state.hosts) != sorted(set(state.hosts) & set(fleet.settings)):
             raise UsageError(f"--resume/--rollback: {path} names hosts the inventory no longer has; restore the "
                              "inventory or remove the state file")
+        changed = _changed_inventory(state, fleet) if inputs.resume and not state.inventory_written else []
+        if changed:
+            raise UsageError(f"--resume: the inventory changed since the upgrade began ({'; '.join(changed)}); "
+                             "restore it, or undo the upgrade with --rollback")
     else:
+        # Before any host is contacted: the versions this upgrade installs must be recordable in the inventory
+        # (issue 20), or the next provision would switch the fleet back.
+        edit = inventory_versions.plan_edit(inputs.inventory, list(fleet.settings), _changes(inputs)) \
+            if _changes(inputs) else None
         if path.is_file() and not inputs.check:
             previous = UpgradeState.from_json(path.read_text(encoding="utf-8"), str(path))
             if not previous.finished() and not all(r.stage in ("pending", ROLLED_BACK)
@@ -631,8 +682,10 @@ def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, prog
             rows = tuple(dataclasses.replace(row, status="would upgrade" if row.batch else row.status, stage="-")
                          for row in _rows(state, plan))
             return UpgradeResult(hosts=rows, check_mode=True, exit_status=ExitStatus.OK, errors=(), state_file=None,
-                                 plan=plan.to_dict())
+                                 plan=plan.to_dict(), inventory=tuple(edit.describe() if edit else ()))
         state.baseline = baseline
+        state.inventory_versions = {host: versions.to_dict() for host, versions in _desired(fleet).items()}
+        state.inventory_changes = _changes(inputs)
     run = _Run(runner, prober, gateway, inputs, progress, fleet, state, path)
     run.save()
     try:
@@ -680,8 +733,45 @@ def _forward(run: _Run, plan: UpgradePlan | None) -> UpgradeResult:
                                  exit_status=ExitStatus.ERROR if problems else status, errors=tuple(errors),
                                  state_file=str(run.path), halted=state.halted,
                                  plan=plan.to_dict() if plan else None)
-    return UpgradeResult(hosts=_rows(state, plan), check_mode=False, exit_status=ExitStatus.OK, errors=(),
-                         state_file=str(run.path), plan=plan.to_dict() if plan else None)
+    written, problems = _record_in_inventory(run, state.inventory_changes)
+    return UpgradeResult(hosts=_rows(state, plan), check_mode=False,
+                         exit_status=ExitStatus.ERROR if problems else ExitStatus.OK, errors=tuple(problems),
+                         state_file=str(run.path), plan=plan.to_dict() if plan else None, inventory=tuple(written))
+
+
+def _record_in_inventory(run: _Run, changes: Mapping[str, str], *, undo: bool = False) -> tuple[list[str], list[str]]:
+    """Write ``changes`` into the inventory once the whole fleet runs them, and read it back through Ansible: every
+    host must now resolve them. Otherwise the files are restored and the line says what to set by hand (the fleet
+    is upgraded either way; provision refuses to move it back without --allow-downgrade)."""
+    if not changes:
+        return [], []
+    inputs, state = run.inputs, run.state
+    by_hand = ", ".join(f"{var}: {value}" for var, value in changes.items())
+    try:
+        edit = inventory_versions.plan_edit(inputs.inventory, list(run.fleet.settings), changes)
+        previous = inventory_versions.apply(edit)
+    except (DsctlError, OSError) as failed:
+        return [], [f"the fleet runs the new versions but the inventory could not record them ({failed}); set "
+                    f"{by_hand} in it by hand"]
+    resolved = _desired(load_fleet(inputs.inventory, vault=inputs.vault))
+    fields = {var: key for key, var in VARIABLES.items()}
+    wrong = sorted(host for host in run.fleet.settings for var, value in changes.items()
+                   if not same_version(str(getattr(resolved.get(host, Versions()), fields[var]) or ""), value))
+    if wrong:
+        inventory_versions.restore(previous)
+        return [], [f"the inventory still resolves other versions for {', '.join(wrong)} after dsctl wrote "
+                    f"{by_hand} (defined where dsctl cannot edit: a vault-encrypted file, an INI inventory or a "
+                    "template); the files are as they were: set it there by hand"]
+    if undo:
+        state.inventory_written = {}
+    else:
+        old = {site.variable: str(site.value) for site in edit.sites}
+        state.inventory_written = {var: [old.get(var, ""), value] for var, value in changes.items()}
+    run.save()
+    lines = edit.describe()
+    for line in lines:
+        run.say(None, DONE, f"inventory: {line}")
+    return lines, []
 
 
 def _rollback_all(run: _Run, plan: UpgradePlan | None) -> UpgradeResult:
@@ -703,6 +793,11 @@ def _rollback_all(run: _Run, plan: UpgradePlan | None) -> UpgradeResult:
                 problems.append(f"{exc.host}: rollback: {exc.reason}")
                 continue
         problems += run.roll_back(hosts)
+    written: list[str] = []
+    if not problems and state.inventory_written:
+        # The finished upgrade wrote its versions into the inventory: the rollback writes the old ones back.
+        written, problems = _record_in_inventory(
+            run, {var: old for var, (old, _new) in state.inventory_written.items() if old}, undo=True)
     return UpgradeResult(hosts=_rows(state, plan), check_mode=False,
                          exit_status=ExitStatus.ERROR if problems else ExitStatus.OK, errors=tuple(problems),
-                         state_file=str(run.path), plan=plan.to_dict() if plan else None)
+                         state_file=str(run.path), plan=plan.to_dict() if plan else None, inventory=tuple(written))

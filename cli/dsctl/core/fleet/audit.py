@@ -23,13 +23,14 @@ from packaging.version import InvalidVersion, Version
 from dsctl.core.fleet import install_steps, wheel_lock
 from dsctl.core.fleet.compat import Finding, describe_npus, file_compatibility
 from dsctl.core.fleet.stack import DesiredStack
-from dsctl.core.fleet.versions import same_version
+from dsctl.core.fleet.versions import compare_versions, same_version
 from dsctl.core.hostfacts.hoststate import DriverState, EnvState, HostState, RunUserState, ServingState, pep503_name
 
 STATUSES = ("ok", "warning", "pending-reboot", "error")  # best to worst
 # Statuses that should make `dsctl check` exit non-zero: the host cannot serve the desired stack now.
 EXIT_WORTHY = ("error", "pending-reboot")
 PROVISION = "Run dsctl provision"
+DOWNGRADE = "dsctl provision --allow-downgrade (or dsctl upgrade --rollback right after an upgrade)"
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,14 @@ def _stack_drift(state: HostState, desired: DesiredStack | None) -> list[Finding
     cann = state.cann
     if not desired.cann or (cann.active and _same(cann.active, desired.cann)):
         return findings
+    if cann.active and compare_versions(desired.cann, cann.active) < 0:
+        # Provision refuses a downgrade without --allow-downgrade (issue 20): "run provision" would be no fix, and
+        # after dsctl upgrade the usual cause is an inventory still naming the stack the upgrade left.
+        findings.append(Finding(
+            "error", "cann", f"CANN {cann.active} is active, the inventory names the older CANN {desired.cann}.",
+            f"If dsctl upgrade moved this host, set dsctl_cann_version: {cann.active} in the inventory; to go back "
+            f"on purpose: {DOWNGRADE}.", "cann-older"))
+        return findings
     if any(_same(version, desired.cann) for version in cann.installed):
         findings.append(
             Finding(
@@ -207,6 +216,10 @@ def _version_drift(component: str, title: str, installed: str | None, wanted: st
     if not wanted or (installed and _same(installed, wanted)):
         return []
     now = f"{title} {installed} installed" if installed else f"{title} not installed"
+    if installed and compare_versions(wanted, installed) < 0:
+        return [Finding("error", component, f"{now}, the inventory names the older {wanted}.",
+                        f"If dsctl upgrade moved this host, set dsctl_{component}_version: {installed} in the "
+                        f"inventory; to go back on purpose: {DOWNGRADE}.", f"{component}-older")]
     return [
         Finding("error", component, f"{now}, {wanted} wanted.", f"{PROVISION} to install {component} {wanted}.",
                 f"{component}-drift")
@@ -556,3 +569,27 @@ def _install_record_findings(driver: DriverState) -> list[Finding]:
 def _same(left: str, right: str) -> bool:
     # The one version equality of dsctl (install_steps decides with it too): "8.3.rc2" is "8.3.RC2".
     return same_version(left, right)
+
+
+# --------------------------------------------------------------------------- running instances
+
+
+def instance_findings(host: str, inventory: str, instances: list[Mapping[str, Any]],
+                      active_cann: str | None) -> list[Finding]:
+    """An instance whose process has a CANN other than the active one mapped (issue 20): started before
+    ``latest/`` was switched (a provision or an upgrade without the restart), it serves on a stack the host's
+    files no longer say. ``instances``: ascend_facts' ``instances`` (name, pid, cann: the mapped version dirs)."""
+    findings = []
+    for item in instances:
+        loaded = [str(version) for version in item.get("cann") or []]
+        if not item.get("pid") or not loaded or not active_cann:
+            continue
+        stale = [version for version in loaded if not same_version(version, active_cann)]
+        if stale:
+            findings.append(Finding(
+                "error", "serving",
+                f"Instance {item.get('name')} (pid {item.get('pid')}) runs on CANN {', '.join(stale)}, but CANN "
+                f"{active_cann} is active: it was started before latest/ was switched.",
+                f"Restart it onto the active stack: dsctl deploy {inventory} --restart --limit {host}.",
+                "instance-stale-stack"))
+    return findings

@@ -211,3 +211,31 @@ def switched_version_cfg(text: str, version: str) -> str:
         running = [tuple(match[-1])] if match else []
         switched[component] = {"running": running, "upgrade": list(running), "installed": installed}
     return vf.render_version_cfg(switched)
+
+
+# --------------------------------------------------------------------------- downgrades
+
+_DOWNGRADE_TITLES = {"driver": "driver", "firmware": "firmware", "toolkit": "CANN"}
+
+
+def downgrades(steps: Iterable[InstallStep], desired: DesiredStack, state: HostState) -> list[str]:
+    """The parts the steps would move to an *older* version than the host runs, each "CANN 8.5.0 -> 8.3.RC2".
+
+    Provision refuses these without ``--allow-downgrade`` (issue 20): after ``dsctl upgrade`` moved a fleet, an
+    inventory still naming the old stack would otherwise switch ``latest/`` back silently. Kernels and NNAL follow
+    the toolkit and are not named again. vllm-ascend compares the tag the inventory names with the version the
+    active serving venv holds (PEP 440 through ``packaging``: wheel versions, not Ascend ones)."""
+    found = [f"{_DOWNGRADE_TITLES[step.component]} {step.current} -> {step.target}" for step in steps
+             if step.component in _DOWNGRADE_TITLES and step.action != "none" and step.current
+             and compare_versions(step.wanted, step.current) < 0]
+    running = state.serving.packages.get("vllm-ascend")
+    if desired.vllm_ascend and running:
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            older = Version(desired.vllm_ascend.lstrip("v")) < Version(running)
+        except InvalidVersion:
+            older = False
+        if older:
+            found.append(f"vllm-ascend {running} -> {desired.vllm_ascend.lstrip('v')}")
+    return found

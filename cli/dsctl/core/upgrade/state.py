@@ -81,6 +81,11 @@ class UpgradeState:
     baseline: dict[str, Any] = field(default_factory=dict)  # "host/instance" -> probe metrics
     halted: dict[str, str] | None = None  # {"host", "stage", "reason"} of the failure that halted the run
     rollback: bool = False  # a --rollback of the whole fleet is (or was) under way
+    # Issue 20: each host's versions as the inventory resolved them when the upgrade began (a --resume after the
+    # inventory changed is refused), and the variables the finished upgrade wrote into it ({var: [from, to]}).
+    inventory_versions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    inventory_written: dict[str, list[str]] = field(default_factory=dict)
+    inventory_changes: dict[str, str] = field(default_factory=dict)  # what the upgrade writes once every host is done
 
     # ------------------------------------------------------------------ building and reading
 
@@ -95,7 +100,9 @@ class UpgradeState:
         return {"version": STATE_VERSION, "inventory": self.inventory, "batches": self.batches,
                 "hosts": {name: run.to_dict() for name, run in self.hosts.items()},
                 "max_regression": self.max_regression, "created": self.created, "updated": self.updated,
-                "baseline": self.baseline, "halted": self.halted, "rollback": self.rollback}
+                "baseline": self.baseline, "halted": self.halted, "rollback": self.rollback,
+                "inventory_versions": self.inventory_versions, "inventory_written": self.inventory_written,
+                "inventory_changes": self.inventory_changes}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -113,7 +120,10 @@ class UpgradeState:
             state = cls(inventory=str(data["inventory"]), batches=[list(map(str, b)) for b in data["batches"]],
                         hosts=hosts, max_regression=str(data["max_regression"]), created=str(data["created"]),
                         updated=str(data["updated"]), baseline=dict(data.get("baseline") or {}),
-                        halted=data.get("halted"), rollback=bool(data.get("rollback")))
+                        halted=data.get("halted"), rollback=bool(data.get("rollback")),
+                        inventory_versions=dict(data.get("inventory_versions") or {}),
+                        inventory_written={str(k): list(v) for k, v in (data.get("inventory_written") or {}).items()},
+                        inventory_changes={str(k): str(v) for k, v in (data.get("inventory_changes") or {}).items()})
         except (KeyError, TypeError, AttributeError) as exc:
             raise StateError(f"{source}: a field is missing or malformed ({exc}); remove it to start over") from None
         for run in state.hosts.values():
