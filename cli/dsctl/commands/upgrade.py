@@ -98,5 +98,8 @@ def _render(result: UpgradeResult) -> None:
     console = ui.stderr_console()
     for line in result.errors:
         console.print(line, highlight=False, soft_wrap=True, markup=False)
+    for line in result.inventory:
+        verb = "would write" if result.check_mode else "wrote"
+        console.print(f"inventory: {verb} {line}", highlight=False, soft_wrap=True, markup=False)
     if result.state_file:
         console.print(f"upgrade state: {result.state_file}", markup=False, style="dim", soft_wrap=True)
