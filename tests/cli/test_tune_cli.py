@@ -122,3 +122,13 @@ def test_live_refusals_come_before_any_host_is_contacted(tmp_path):
         assert words in line, line
     with_inventory = run_cli(tmp_path, str(inventory), "--simulate", "--model", "r1-7b", "--slo", "ttft=2s")
     assert with_inventory.returncode == 2 and "--simulate reads no inventory" in with_inventory.stderr
+
+
+def test_an_itl_only_slo_is_tuned_on_throughput_not_an_internal_error(tmp_path):
+    """ITL has no per-request goodput form (vLLM's --goodput takes ttft, tpot, e2el): issue 21 found
+    `--slo itl:p99=60ms` exiting 1 with "the metrics have no request_goodput"."""
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "itl:p99=200ms", "--budget", "3", "--json")
+    assert result.returncode in (0, 6), result.stderr
+    assert "internal error" not in result.stderr
+    data = json.loads(result.stdout)["data"]
+    assert data["best"] is None or data["best"]["objective"] > 0
