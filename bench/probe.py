@@ -88,6 +88,8 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--time-scale", type=float, default=0.5)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="open loop: Poisson arrivals at this many req/s (at most --streams in flight)")
     args = parser.parse_args()
     if importlib.util.find_spec("dsctl.engine.__main__") is None:
         print("bench/probe: the emulated engine (python -m dsctl.engine serve) is not in this tree yet; "
@@ -101,7 +103,7 @@ def main() -> int:
         proc = start_engine(port, engine_record, args.time_scale, args.streams)
         try:
             cfg = ProbeConfig(url=f"http://127.0.0.1:{port}", model=MODEL, concurrency=args.streams,
-                              requests=args.requests, prompt_tokens=str(args.prompt_tokens),
+                              rate=args.rate, requests=args.requests, prompt_tokens=str(args.prompt_tokens),
                               output_tokens=str(args.output_tokens), warmup=8, timeout=120.0, seed=1)
             cpu0, wall0 = cpu_seconds(), time.perf_counter()
             outcome = probe(HttpProber(), cfg, lag_samples=lags)
