@@ -132,3 +132,19 @@ def test_an_itl_only_slo_is_tuned_on_throughput_not_an_internal_error(tmp_path):
     assert "internal error" not in result.stderr
     data = json.loads(result.stdout)["data"]
     assert data["best"] is None or data["best"]["objective"] > 0
+
+
+def test_a_write_back_that_could_not_succeed_is_refused_before_any_restart(tmp_path):
+    """--write-back is checked in the plan: a templated params (which the write would replace with the winner's
+    keys alone) is one line, exit 2, before a run directory or a playbook."""
+    inventory = fleet_inventory(tmp_path, "/models/DeepSeek-R1-Distill-Qwen-7B", 4, params="{{ chat_params }}")
+    data = json.loads(inventory.read_text())
+    data["all"]["children"]["npu_nodes"]["vars"]["chat_params"] = {"max_num_seqs": 64}
+    inventory.write_text(json.dumps(data))
+    refused = run_cli(tmp_path, str(inventory), "--slo", "ttft=2s", "--write-back")
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"dsctl: error: --write-back: {inventory}: the params of service 'chat' are a template "
+        "({{ chat_params }}), which write-back would replace with the winner's keys alone; write the params out as "
+        "a mapping, or tune without --write-back and write the winner by hand"]
+    assert not (tmp_path / "state" / "dsctl" / "runs").exists()

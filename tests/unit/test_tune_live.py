@@ -1,8 +1,23 @@
-"""The live tune's pure parts: how a refused start is read, and what counts as the baseline's configuration."""
+"""The live tune's pure parts (how a refused start is read, what counts as the baseline's configuration) and its
+end as one transaction, on a fake fleet: the winner deployed and confirmed before --write-back writes it, and the
+baseline back on every instance whenever the end fails."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from dsctl.adapters import state_files
+from dsctl.core.tune import search
+from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import CRASHES, Failure
+from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import tune_live
 
 # inference_service's failure line (roles/inference_service/tasks/rollout.yml), as deploy returns it.
@@ -41,3 +56,195 @@ def test_the_cann_runtimes_allocation_failure_at_start_is_a_memory_failure():
 def test_same_value_tells_booleans_from_numbers():
     assert tune_live.same_value(0.9, 0.9000000000000001) and not tune_live.same_value(True, 1)
     assert not tune_live.same_value(64, 96) and tune_live.same_value("a", "a")
+
+
+# --------------------------------------------------------------------------- the end of a tune, one transaction
+
+SAMPLE = Path(__file__).resolve().parents[2] / "inventories" / "sample"
+
+
+class NoPlaybooks:
+    """A runner that must not be asked: what is refused, is refused before any instance restarts."""
+
+    def run(self, playbook, *_args, **_kwargs):
+        raise AssertionError(f"{playbook} ran before the refusal")
+
+
+@pytest.fixture(scope="module")
+def sample_plan() -> tune_live.LivePlan:
+    """The sample inventory's plan (4 instances of chat on 2 hosts), read once: the fleet is never contacted."""
+    return tune_live.prepare(tune_live.LiveTuneInputs(inventory=SAMPLE / "hosts.yml", slos=("ttft=2s",),
+                                                      run_dir=Path("unused")))
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    shutil.copytree(SAMPLE, tmp_path / "inv")
+    return tmp_path / "inv" / "hosts.yml"
+
+
+def services_file(inventory: Path) -> Path:
+    return inventory.parent / "group_vars" / "npu_nodes" / "services.yml"
+
+
+class EndOfTune(tune_live.LiveTune):
+    """The fleet as the end of a tune sees it: each deploy is recorded with what the inventory held then, the
+    confirming probes are scripted (met, missed or raising)."""
+
+    def __init__(self, inputs, plan, *, met=True, verify_raises=None, final_fails=False):
+        self.events: list[tuple[str, Any, str]] = []
+        self.notes: list[str] = []
+        super().__init__(NoPlaybooks(), None, inputs, plan,
+                         lambda event: self.notes.append(event.get("msg", "")))
+        self.met, self.verify_raises, self.final_fails = met, verify_raises, final_fails
+
+    def _inventory_text(self) -> str:
+        return services_file(self.inputs.inventory).read_text()
+
+    def deploy(self, overrides, *, only=None, artifacts, stop=None):
+        self.events.append(("deploy " + artifacts.split("-")[0], None if overrides is None else dict(overrides),
+                            self._inventory_text()))
+        failed = self.final_fails and artifacts == "final"
+        return SimpleNamespace(exit_status=ExitStatus.PLAYBOOK_FAILED if failed else ExitStatus.OK,
+                               errors=("atlas-a02: failed at inference_service: chat-1 did not start",)
+                               if failed else ())
+
+    def verify(self, rate):
+        self.events.append(("verify", rate, self._inventory_text()))
+        if self.verify_raises is not None:
+            raise self.verify_raises
+        return tuple(tune_live.Verification(s.host, s.name, rate, self.met, {"ttft:p99": 120.0 if self.met else
+                                                                                 2500.0}, "ttft:p99 ...")
+                     for s in self.plan.instances)
+
+
+def end_of_tune(tmp_path: Path, inventory: Path, plan: tune_live.LivePlan, *, write_back: bool = True, **script
+                ) -> tuple[EndOfTune, search.SearchResult, dict[str, Any]]:
+    inputs = tune_live.LiveTuneInputs(inventory=inventory, slos=("ttft=2s",), run_dir=tmp_path / "run",
+                                      write_back=write_back)
+    inputs.run_dir.mkdir()
+    config = {**plan.baseline, "max_num_seqs": 128}
+    winner = TrialRecord(number=3, controller="controller-0", config=config, params=plan.space.params(config),
+                         fields=plan.space.fields(config), evaluated=True, feasible=True, objective=5.0, rate=4.0,
+                         slo_values={"ttft:p99": 150.0})
+    found = search.SearchResult(trials=[winner], best=winner, counts=search.count([winner]), stopped="budget spent",
+                                study_name=tune_live.STUDY)
+    return EndOfTune(inputs, plan, **script), found, {**winner.params, **winner.fields}
+
+
+@pytest.fixture(autouse=True)
+def _no_plot(monkeypatch):
+    """The Pareto plot is pareto's to test; here it is a file."""
+    monkeypatch.setattr(tune_live.pareto, "plot", lambda _trials, path, **_kw: path.write_bytes(b"png") and path)
+
+
+def test_the_winner_is_deployed_and_confirmed_before_it_is_written_back(tmp_path, inventory, sample_plan):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan)
+    before = services_file(inventory).read_text()
+    result = tune_live._finish(tune, found, 0.0)
+    # the winner goes out as overrides (as without --write-back) while the inventory still holds the baseline,
+    # is confirmed, and only then written
+    assert [(kind, arg, text == before) for kind, arg, text in tune.events] == [
+        ("deploy final", winner, True), ("verify", 4.0, True)]
+    assert result.exit_status == ExitStatus.OK and result.errors == ()
+    assert result.deployed == "winner" and result.written == (str(services_file(inventory)),)
+    written = yaml.safe_load(services_file(inventory).read_text())["dsctl_services"][0]
+    assert written["params"]["max_num_seqs"] == 128 and written["tensor_parallel_size"] == 4
+    assert json.loads((tmp_path / "run" / tune_live.RESULT).read_text())["written"] == list(result.written)
+
+
+def test_a_write_back_that_fails_at_the_end_puts_the_baseline_back(tmp_path, inventory, sample_plan, monkeypatch):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan)
+    before = services_file(inventory).read_text()
+
+    replace = state_files.os.replace
+
+    def disk_full(source, destination):  # for the inventory's files only (os is one module: trials.jsonl too)
+        if Path(destination).is_relative_to(inventory.parent):
+            raise OSError(28, "No space left on device")
+        replace(source, destination)
+
+    monkeypatch.setattr(state_files.os, "replace", disk_full)
+    result = tune_live._finish(tune, found, 0.0)
+    assert [(kind, arg) for kind, arg, _ in tune.events] == [
+        ("deploy final", winner), ("verify", 4.0), ("deploy restore", None)]
+    assert services_file(inventory).read_text() == before
+    assert result.exit_status == ExitStatus.ERROR and result.deployed == "baseline" and result.written == ()
+    (line,) = result.errors
+    assert line.startswith("--write-back failed after trial 3's configuration was confirmed: [Errno 28] No space "
+                           "left on device; every instance of chat restored to the inventory's configuration; its "
+                           f"parameters are in {tmp_path / 'run' / tune_live.RESULT}")
+    data = json.loads((tmp_path / "run" / tune_live.RESULT).read_text())
+    assert data["deployed"] == "baseline" and data["best"]["number"] == 3 and data["written"] == []
+
+
+def test_a_missed_confirmation_is_not_written_back_and_the_baseline_serves(tmp_path, inventory, sample_plan):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan, met=False)
+    before = services_file(inventory).read_text()
+    result = tune_live._finish(tune, found, 0.0)
+    assert [(kind, arg) for kind, arg, _ in tune.events] == [
+        ("deploy final", winner), ("verify", 4.0), ("deploy restore", None)]
+    assert services_file(inventory).read_text() == before
+    assert result.exit_status == ExitStatus.SLO_NOT_MET and result.deployed == "baseline"
+    assert "missed the SLO on the confirming probe at 4 req/s" in result.errors[0]
+    assert result.errors[-1].startswith("--write-back: trial 3's configuration missed its confirmation, so it was "
+                                        "not written into the inventory; every instance of chat restored")
+
+
+def test_without_write_back_a_missed_confirmation_leaves_the_winner_running(tmp_path, inventory, sample_plan):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan, write_back=False, met=False)
+    result = tune_live._finish(tune, found, 0.0)
+    assert [(kind, arg) for kind, arg, _ in tune.events] == [("deploy final", winner), ("verify", 4.0)]
+    assert result.exit_status == ExitStatus.SLO_NOT_MET and result.deployed == "winner" and result.written == ()
+
+
+def test_a_winner_that_does_not_deploy_everywhere_is_replaced_by_the_baseline(tmp_path, inventory, sample_plan):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan, final_fails=True)
+    result = tune_live._finish(tune, found, 0.0)
+    assert [(kind, arg) for kind, arg, _ in tune.events] == [("deploy final", winner), ("deploy restore", None)]
+    assert result.exit_status == ExitStatus.PLAYBOOK_FAILED and result.deployed == "baseline"
+    assert result.errors == ("the final deploy failed: atlas-a02: failed at inference_service: chat-1 did not start",
+                             "trial 3's configuration did not deploy everywhere; every instance of chat restored to "
+                             "the inventory's configuration")
+    assert (tmp_path / "run" / tune_live.RESULT).is_file()
+
+
+def test_an_exception_at_the_end_puts_the_baseline_back_before_it_is_raised(tmp_path, inventory, sample_plan):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan, verify_raises=RuntimeError("probe bug"))
+    before = services_file(inventory).read_text()
+    with pytest.raises(RuntimeError, match="probe bug"):
+        tune_live._finish(tune, found, 0.0)
+    assert [(kind, arg) for kind, arg, _ in tune.events] == [
+        ("deploy final", winner), ("verify", 4.0), ("deploy restore", None)]
+    assert services_file(inventory).read_text() == before
+    assert "every instance of chat restored to the inventory's configuration" in tune.notes
+
+
+def test_ctrl_c_at_the_end_restores_and_exits_130(tmp_path, inventory, sample_plan):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan, verify_raises=KeyboardInterrupt())
+    try:
+        tune_live._finish(tune, found, 0.0)
+    except KeyboardInterrupt:  # caught here: escaping, it would end the test session
+        pytest.fail("Ctrl-C at the end escaped as KeyboardInterrupt, with nothing restored")
+    except DsctlError as exc:
+        caught = exc
+    else:
+        pytest.fail("Ctrl-C at the end was swallowed")
+    assert caught.exit_status == ExitStatus.INTERRUPTED
+    assert str(caught).startswith("tune interrupted at its end; every instance of chat restored to the "
+                                        "inventory's configuration; continue with dsctl tune --resume ")
+    assert [kind for kind, _, _ in tune.events] == ["deploy final", "verify", "deploy restore"]
+
+
+def test_write_back_is_refused_before_any_instance_restarts(tmp_path, inventory):
+    path = services_file(inventory)
+    text = path.read_text()
+    start, end = text.index("    params:\n"), text.index("    # Required")
+    path.write_text(text[:start] + '    params: "{{ chat_params }}"\n' + text[end:]
+                    + "chat_params: {max_num_seqs: 64, max_num_batched_tokens: 8192}\n")
+    inputs = tune_live.LiveTuneInputs(inventory=inventory, slos=("ttft=2s",), run_dir=tmp_path / "run",
+                                      write_back=True)
+    with pytest.raises(UsageError) as caught:
+        tune_live.run(NoPlaybooks(), None, inputs)
+    assert str(caught.value).startswith(f"--write-back: {path}: the params of service 'chat' are a template")
+    assert caught.value.exit_status == ExitStatus.USAGE and not (tmp_path / "run").exists()

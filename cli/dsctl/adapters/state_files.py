@@ -19,16 +19,23 @@ class StateLocked(DsctlError):
     exit_status = ExitStatus.ERROR
 
 
-def write_durably(path: Path, text: str, mode: int | None = None) -> None:
+def write_durably(path: Path, text: str, mode: int | None = None, owner: tuple[int, int] | None = None) -> None:
     """``text`` to ``path``: a temporary file beside it, fsync, rename over it, fsync the directory (the rename
     itself survives a power cut: without it a rebooted controller may find no state, and start the upgrade over).
-    ``mode``: the file's permission bits (mkstemp's 0600 otherwise)."""
+    ``mode``: the file's permission bits (mkstemp's 0600 otherwise); ``owner``: its (uid, gid), which the new
+    file would otherwise lose to the writer's (setting another uid takes root; a PermissionError leaves ``path``
+    as it was)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
             out.flush()
+            if owner is not None:
+                made = os.fstat(out.fileno())
+                uid, gid = owner
+                if (made.st_uid, made.st_gid) != (uid, gid):  # before the mode: chown clears set-id bits
+                    os.fchown(out.fileno(), uid if uid != made.st_uid else -1, gid if gid != made.st_gid else -1)
             os.fsync(out.fileno())
         if mode is not None:
             os.chmod(temporary, mode)

@@ -4,7 +4,9 @@ instances (each one a trial slot) and leave the winner deployed; or ``--simulate
 Exit statuses: 0 a configuration met the SLO (live: every instance serves it and a probe confirmed it); 6 none did
 (the closest configuration and its binding constraint are named; live: every instance runs the inventory's
 configuration again), a confirming probe missed, or the SLO is physically impossible (refused before any restart,
-with the bound); 2 bad options; 130 interrupted (live: every instance restored first).
+with the bound); 2 bad options, or a --write-back that could not succeed (refused before any restart); 1 the
+--write-back failed at the end (every instance runs the inventory's configuration again); 130 interrupted (live:
+every instance restored first).
 """
 
 from __future__ import annotations
@@ -160,7 +162,8 @@ def run(
                          "predicts to fail its start or miss by over 25 %); roofline: the bound only; none: start "
                          "every candidate.")] = "model",
     write_back: Annotated[bool, typer.Option(
-        "--write-back", help="Live: write the winner's parameters into the inventory (comments kept).")] = False,
+        "--write-back", help="Live: once the winner is deployed and confirmed, write its parameters into the "
+                             "inventory (comments kept; checked before the first restart).")] = False,
     npus: Annotated[int, typer.Option("--npus", help="--simulate: NPUs of one instance.")] = 1,
     max_model_len: Annotated[int | None, typer.Option(
         "--max-model-len", help="--simulate: the engine's max_model_len (default: the model's).")] = None,

@@ -18,9 +18,13 @@ The recipe (dsctl.core.tune's, as ``--simulate`` runs it, with the fleet as the 
    when it changes a lossy knob, compare its greedy outputs with the baseline's.  An engine that died under load
    is classified from its log tail (``playbooks/service_log.yml``).  Deploys on one host are serialized (one
    service manager per host); probes of all slots run at once.
-4. The end: every instance of the service runs the winner (or the baseline when nothing beat it), and a probe of
-   each at the winner's rate confirms it.  ``--write-back`` first writes the winner's parameters into the
-   inventory (`dsctl.adapters.writeback`), so that deploy, and any later one, reads it from there.
+4. The end, one transaction: every instance of the service gets the winner (parameter overrides, as a trial
+   does) or the baseline when nothing beat it, and a probe of each at the winner's rate confirms it.  Only then
+   does ``--write-back`` write the winner's parameters into the inventory (`dsctl.adapters.writeback`), so that
+   any later deploy reproduces it; whether it can was checked in the plan, before any restart.  A winner that
+   does not take (its deploy fails, or with ``--write-back`` its confirmation misses or the write fails) is
+   replaced by the baseline on every instance, and result.json says why; so does any exception of the end:
+   no instance is left on a trial's configuration.
 5. Ctrl-C or SIGTERM at any point: the running trials are stopped (their playbooks interrupted, their probes
    ended), then every instance is deployed back to the inventory's configuration; the study journal keeps what
    was measured, for ``--resume``.
@@ -248,6 +252,8 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
     plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings}, instances=(name,))
     if not plan.instances:
         raise UsageError(f"--service {name}: no instance of it on the hosts chosen (--limit)")
+    if inputs.write_back:  # the end writes the winner: a file it cannot rewrite is refused before any restart
+        writeback.check(inputs.inventory, name, hosts=tuple(dict.fromkeys(p.host for p in plan.instances)))
     spec = plan.instances[0].spec
     differing = [p.host for p in plan.instances if p.spec.params != spec.params or p.spec.engine != spec.engine
                  or p.spec.npus_per_instance != spec.npus_per_instance]
@@ -615,17 +621,32 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
         found = driver.run()
     except KeyboardInterrupt:
         stopped_in_time = tune.trials.stop_and_wait(STOP_WAIT_S)
-        try:
-            restored = tune.restore()
-        except KeyboardInterrupt:
-            raise DsctlError("interrupted again while restoring; run dsctl deploy on the inventory to put every "
-                             "instance back on its configuration", ExitStatus.INTERRUPTED) from None
-        state = "restored to the inventory's configuration" if restored.exit_status == ExitStatus.OK else \
-            f"NOT all restored ({_first_line(restored.errors)}); run dsctl deploy on the inventory"
+        state = _restored(tune)
         late = "" if stopped_in_time else f" (some trials did not stop within {STOP_WAIT_S:g} s)"
         raise DsctlError(f"tune interrupted{late}; every instance of {plan.service} {state}; continue with "
                          f"dsctl tune --resume {inputs.run_dir}", ExitStatus.INTERRUPTED) from None
     return _finish(tune, found, started)
+
+
+class _RestoreInterrupted(DsctlError):
+    """Ctrl-C again while the baseline was being restored: nothing more is tried."""
+
+    exit_status = ExitStatus.INTERRUPTED
+
+
+def _restored(tune: LiveTune) -> str:
+    """Deploy the inventory's configuration to every instance again; how that went, for the error line.  A
+    restore that raises is reported, not raised: the caller is already saying what went wrong before it."""
+    try:
+        restored = tune.restore()
+    except (KeyboardInterrupt, deploy_verb.DeployInterrupted):
+        raise _RestoreInterrupted("interrupted again while restoring; run dsctl deploy on the inventory to put "
+                                  "every instance back on its configuration") from None
+    except Exception as exc:  # noqa: BLE001 - any failure of the restore is one line of the result
+        return f"NOT restored ({_first_line(str(exc).splitlines())}); run dsctl deploy on the inventory"
+    if restored.exit_status == ExitStatus.OK:
+        return "restored to the inventory's configuration"
+    return f"NOT all restored ({_first_line(restored.errors)}); run dsctl deploy on the inventory"
 
 
 def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> screens.Predictor:
@@ -641,53 +662,111 @@ def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> screens.Predictor:
     return tune_sim.model_predictor(model_inputs, plan.slos, plan.space, workload)
 
 
+@dataclass
+class _End:
+    """What the end left: the configuration every instance runs, its confirmation, the files written."""
+
+    deployed: str = "baseline"  # "winner" or "baseline"
+    verification: tuple[Verification, ...] = ()
+    written: tuple[str, ...] = ()
+    committed: bool = False  # the winner is in the inventory (--write-back)
+    errors: list[str] = field(default_factory=list)
+    status: ExitStatus = ExitStatus.OK
+
+
 def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> LiveTuneResult:
+    """The end as one transaction: the artifacts, the winner deployed and confirmed, then (``--write-back``) the
+    inventory written.  Until that commit every failure puts the baseline back on every instance: an exception
+    is raised again once it has (Ctrl-C: the interrupted error, exit 130), a winner that did not take is the
+    result's error."""
     inputs, plan = tune.inputs, tune.plan
     winner = found.best
     baseline_params = plan.space.params(plan.baseline) if plan.baseline else {}
     winner_params = {} if winner is None else {**winner.params, **winner.fields}
     is_baseline = winner is None or _same_config(winner_params, {**baseline_params, **plan.space.fields(
         plan.baseline)})
-    written: tuple[str, ...] = ()
-    errors: list[str] = []
-    if winner is not None and not is_baseline and inputs.write_back:
-        done = writeback.write_back(inputs.inventory, plan.service, winner.params, fields=winner.fields)
-        written = tuple(str(path) for path in done.written)
-        tune._note(f"wrote the winner into {', '.join(written) or 'the inventory (it already held it)'}")
-    overrides = None if winner is None or is_baseline or inputs.write_back else winner_params
-    label = "the baseline (nothing beat it)" if is_baseline else f"trial {winner.number}'s configuration"
-    tune._note(f"deploying {label} to every instance of {plan.service}")
-    final = tune.deploy(overrides, artifacts="final")
-    if final.exit_status != ExitStatus.OK:
-        errors.append(f"the final deploy failed: {_first_line(final.errors)}")
-    verification: tuple[Verification, ...] = ()
-    rate = winner.rate if winner is not None and winner.rate is not None else inputs.rate
-    if winner is not None and rate and final.exit_status == ExitStatus.OK:
-        verification = tune.verify(rate)
-        errors += [f"{v.instance} on {v.host} missed the SLO on the confirming probe at {v.rate:.3g} req/s: {v.detail}"
-                   for v in verification if not v.met]
-    trials_path = pareto.write_trials(found.trials, inputs.run_dir / TRIALS)
-    first = plan.slos[0]
-    plot_path = pareto.plot(found.trials, inputs.run_dir / PLOT, winner=winner, slo_key=first.key,
-                            slo_bound=first.bound if first.statistic is not None else None,
-                            title=f"dsctl tune {plan.service} ({plan.model}), {len(plan.slots)} slots")
-    status = ExitStatus.OK
+    try:
+        trials_path = pareto.write_trials(found.trials, inputs.run_dir / TRIALS)
+        first = plan.slos[0]
+        plot_path = pareto.plot(found.trials, inputs.run_dir / PLOT, winner=winner, slo_key=first.key,
+                                slo_bound=first.bound if first.statistic is not None else None,
+                                title=f"dsctl tune {plan.service} ({plan.model}), {len(plan.slots)} slots")
+        end = _end(tune, winner, None if is_baseline else winner_params)
+    except _RestoreInterrupted:
+        raise
+    except (KeyboardInterrupt, deploy_verb.DeployInterrupted):
+        state = _restored(tune)
+        raise DsctlError(f"tune interrupted at its end; every instance of {plan.service} {state}; continue with "
+                         f"dsctl tune --resume {inputs.run_dir}", ExitStatus.INTERRUPTED) from None
+    except BaseException as exc:
+        tune._note(f"the end of the tune failed ({type(exc).__name__}: {_first_line(str(exc).splitlines())}); "
+                   "no instance may stay on a trial's configuration")
+        tune._note(f"every instance of {plan.service} {_restored(tune)}")
+        raise
+    if end.committed:  # nothing below puts the baseline back
+        tune._note(f"wrote the winner into {', '.join(end.written) or 'the inventory (it already held it)'}")
     if winner is None:
-        status = ExitStatus.SLO_NOT_MET
-        errors.insert(0, _nothing_met(found))
-    elif errors:
-        status = ExitStatus.SLO_NOT_MET if final.exit_status == ExitStatus.OK else final.exit_status
+        end.status = ExitStatus.SLO_NOT_MET
+        end.errors.insert(0, _nothing_met(found))
+    winning = end.deployed == "winner"
     result = LiveTuneResult(inputs=inputs, plan=plan, trials=tuple(found.trials), best=winner, closest=found.closest,
-                            counts=found.counts, stopped=found.stopped,
-                            deployed="baseline" if is_baseline else "winner",
-                            deployed_params=baseline_params if is_baseline else winner_params,
-                            verification=verification, written=written, trials_path=trials_path,
-                            plot_path=plot_path, wall_s=time.monotonic() - started, exit_status=status,
-                            errors=tuple(errors))
+                            counts=found.counts, stopped=found.stopped, deployed=end.deployed,
+                            deployed_params=winner_params if winning else baseline_params,
+                            verification=end.verification, written=end.written, trials_path=trials_path,
+                            plot_path=plot_path, wall_s=time.monotonic() - started, exit_status=end.status,
+                            errors=tuple(end.errors))
     import json
 
     (inputs.run_dir / RESULT).write_text(json.dumps(result.to_dict(), indent=1, default=str) + "\n")
     return result
+
+
+def _end(tune: LiveTune, winner: TrialRecord | None, overrides: dict[str, Any] | None) -> _End:
+    """Deploy (``overrides``: the winner's; None: the baseline), confirm, then write back; a winner that does
+    not take is replaced by the baseline.  Raises only what the caller turns into a restore."""
+    inputs, plan = tune.inputs, tune.plan
+    end = _End(deployed="baseline" if overrides is None else "winner")
+    label = "the baseline (nothing beat it)" if overrides is None else f"trial {winner.number}'s configuration"
+    tune._note(f"deploying {label} to every instance of {plan.service}")
+    final = tune.deploy(overrides, artifacts="final")
+    rate = winner.rate if winner is not None and winner.rate is not None else inputs.rate
+    if final.exit_status != ExitStatus.OK:
+        end.errors.append(f"the final deploy failed: {_first_line(final.errors)}")
+        end.status = final.exit_status
+    elif winner is not None and rate:
+        end.verification = tune.verify(rate)
+        missed = [v for v in end.verification if not v.met]
+        end.errors += [f"{v.instance} on {v.host} missed the SLO on the confirming probe at {v.rate:.3g} req/s: "
+                       f"{v.detail}" for v in missed]
+        if missed:
+            end.status = ExitStatus.SLO_NOT_MET
+    if overrides is None:
+        return end
+    if final.exit_status != ExitStatus.OK:  # some instances may have rolled back to a trial's configuration
+        end.deployed = "baseline"
+        end.errors.append(f"trial {winner.number}'s configuration did not deploy everywhere; every instance of "
+                          f"{plan.service} {_restored(tune)}")
+        return end
+    if not inputs.write_back:
+        return end
+    if end.status != ExitStatus.OK:
+        end.deployed = "baseline"
+        end.errors.append(f"--write-back: trial {winner.number}'s configuration missed its confirmation, so it was "
+                          f"not written into the inventory; every instance of {plan.service} {_restored(tune)}; its "
+                          f"parameters are in {inputs.run_dir / RESULT}")
+        return end
+    try:
+        done = writeback.write_back(inputs.inventory, plan.service, winner.params, fields=winner.fields,
+                                    hosts=tuple(dict.fromkeys(slot.host for slot in plan.instances)))
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the inventory was left as it was: back to it
+        end.deployed, end.status = "baseline", ExitStatus.ERROR
+        end.errors.append(f"--write-back failed after trial {winner.number}'s configuration was confirmed: "
+                          f"{_first_line(str(exc).splitlines()) or type(exc).__name__}; every instance of "
+                          f"{plan.service} {_restored(tune)}; its parameters are in {inputs.run_dir / RESULT}: "
+                          "write them into the inventory by hand, then run dsctl deploy")
+        return end
+    end.written, end.committed = tuple(str(path) for path in done.written), True
+    return end
 
 
 def _nothing_met(result: search.SearchResult) -> str:

@@ -8,6 +8,7 @@ How the live command (and ``--simulate``) puts it together::
                                  overrides=options.param)                 # --param, and the inventory's
     reason = screens.impossible(chip=..., model=..., prompt_tokens=..., output_tokens=..., slos=slos,
                                 npus_per_instance=spec.npus_per_instance)  # refuse before any restart (exit 6)
+    writeback.check(inventory, spec.name)     # --write-back: a write that could not succeed, refused here (exit 2)
     search = search.Search(space, slos, evaluator, search.SearchSettings(budget=..., slots=len(instances),
                            seed=..., objective=..., npus_per_instance=spec.npus_per_instance),
                            storage=search.journal_storage(run_dir / "study.journal"), resume=options.resume,
@@ -16,7 +17,8 @@ How the live command (and ``--simulate``) puts it together::
     result = search.run()                     # SearchResult: trials, best, counts, closest, stopped
     pareto.write_trials(result.trials, run_dir / "trials.jsonl"); pareto.plot(result.trials, run_dir / "pareto.png",
                                                                              winner=result.best)
-    writeback.write_back(inventory, spec.name, result.best.params, fields=result.best.fields)   # --write-back
+    writeback.write_back(inventory, spec.name, result.best.params, fields=result.best.fields)   # --write-back,
+                                                     # once the winner is deployed and confirmed (services.tune_live)
 
 The evaluator (one call per candidate, on the trial slot ``candidate.slot``): render ``candidate.params`` /
 ``candidate.fields`` with ``ServiceSpec.with_params``, restart that instance through deploy's health gate
