@@ -79,3 +79,13 @@ def test_an_unwritable_file_is_refused_before_anything_changes(tmp_path):
             inventory_versions.plan_edit(inventory, ["a1"], {"dsctl_cann_version": "8.5.0"})
     finally:
         (tmp_path / "group_vars").chmod(0o700)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another owner takes root")
+def test_the_files_owner_and_group_are_kept(tmp_path):
+    inventory = site(tmp_path, "dsctl_cann_version: 8.3.RC2\n")
+    path = tmp_path / "group_vars" / "npu_nodes.yml"
+    os.chown(path, 1234, 4321)
+    inventory_versions.apply(inventory_versions.plan_edit(inventory, ["a1"], {"dsctl_cann_version": "8.5.0"}))
+    assert path.read_text() == "dsctl_cann_version: 8.5.0\n"
+    assert (path.stat().st_uid, path.stat().st_gid) == (1234, 4321)

@@ -287,9 +287,7 @@ def _write_in_place(path: Path, text: str) -> None:
     target = Path(os.path.realpath(path))
     if target.exists():
         info = target.stat()
-        write_durably(target, text, mode=info.st_mode & 0o7777)
-        if os.geteuid() == 0 and (info.st_uid, info.st_gid) != (os.stat(target).st_uid, os.stat(target).st_gid):
-            os.chown(target, info.st_uid, info.st_gid)
+        write_durably(target, text, mode=info.st_mode & 0o7777, owner=(info.st_uid, info.st_gid))
     else:
         target.parent.mkdir(parents=True, exist_ok=True)
         write_durably(target, text, mode=0o644)
