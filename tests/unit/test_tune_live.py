@@ -5,7 +5,6 @@ baseline back on every instance whenever the end fails."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +18,7 @@ from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import CRASHES, Failure
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import tune_live
+from tests.unit import test_tune_writeback
 
 # inference_service's failure line (roles/inference_service/tasks/rollout.yml), as deploy returns it.
 ROLLED_BACK = ("lab-02: failed at inference_service : Fail with the reason, the rollback's outcome and the failed "
@@ -77,14 +77,9 @@ def sample_plan() -> tune_live.LivePlan:
                                                       run_dir=Path("unused")))
 
 
-@pytest.fixture
-def inventory(tmp_path: Path) -> Path:
-    shutil.copytree(SAMPLE, tmp_path / "inv")
-    return tmp_path / "inv" / "hosts.yml"
-
-
-def services_file(inventory: Path) -> Path:
-    return inventory.parent / "group_vars" / "npu_nodes" / "services.yml"
+# A copy of the sample inventory per test, and its services file: the write-back tests' own.
+inventory = test_tune_writeback.inventory
+services_file = test_tune_writeback.services_file
 
 
 class EndOfTune(tune_live.LiveTune):
