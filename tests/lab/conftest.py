@@ -59,13 +59,13 @@ def _newest_ansible_log_tail(lines: int = 40) -> str:
 
 
 def dsctl(*args: str, check: bool = True, root: Path = LAB_ROOT,
-          timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess:
-    """Run the installed CLI exactly as a user would.
+          timeout: float = COMMAND_TIMEOUT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the installed CLI exactly as a user would (``env``: variables laid over this process's).
 
     A run that outlives ``timeout`` is interrupted as a user would (SIGINT: dsctl stops its playbook, so
     nothing keeps changing lab hosts under the next test) and fails with where it was stuck.
     """
-    env = {**os.environ, "DSCTL_LAB_ROOT": str(root), "DSCTL_LAB_NAME": LAB_NAME, "COLUMNS": "200"}
+    env = {**os.environ, "DSCTL_LAB_ROOT": str(root), "DSCTL_LAB_NAME": LAB_NAME, "COLUMNS": "200", **(env or {})}
     argv = [sys.executable, "-m", "dsctl", *args]
     with subprocess.Popen(argv, text=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         try:

@@ -54,9 +54,11 @@ def test_a_live_tune_meets_the_slo_writes_the_winner_back_and_every_instance_ser
     assert code == 0, report["errors"]
     # 0.05 leaves no memory for the KV cache: such a candidate fails its start, is recorded and rolled back
     # (--screen none: the roofline's memory check and the model screen would not start it at all)
+    # A state directory of its own: the run directory (plot, trials) is read after the tune exits, and the other
+    # workers' dsctl runs prune all but the newest 20 runs of a shared one (seen with five workers).
     result = dsctl("tune", str(path), *TUNE_ARGS, "--budget", "6", "--seed", "2", "--param",
                    "gpu_memory_utilization=0.05,0.9", "--screen", "none", "--write-back", "--json", check=False,
-                   timeout=900)
+                   timeout=900, env={"XDG_STATE_HOME": str(directory / "state")})
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)["data"]
     best = data["best"]
