@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,6 @@ class VersionEdit:
     changes: dict[str, str]  # variable -> new value
     sites: tuple[Site, ...]  # existing definitions to rewrite
     additions: tuple[Site, ...] = ()  # variables defined nowhere: added here (value: the new one)
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def files(self) -> list[Path]:
