@@ -44,9 +44,9 @@ def test_the_regressed_release_never_gets_past_the_canary(fleet):
     assert re.search(r"throughput [\d.]+ -> [\d.]+ tok/s \(-[3-9]\d\.\d%", first), first
     assert "REGRESSED" in first
     rows = {row["host"]: row["status"] for row in report["data"]["hosts"]}
-    assert rows == {"lab-01": "rolled back (gated)", "lab-02": "pending", "lab-03": "pending"}
+    assert rows == {"lab-01": "rolled back (gated)", "lab-02": "pending"}
     assert active_cann(lab, "lab-01") == "8.3.RC2" and served_cann("lab-01") == "8.3.RC2"
-    for host in ("lab-02", "lab-03"):
+    for host in ("lab-02",):
         assert lab.sh(host, f"test -e {TOOLKIT}/8.5.0.lab1").exit_code != 0  # never reached
     check = dsctl("check", str(path), "--json", check=False)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -21,7 +21,9 @@ returned as written; any other undefined variable is an error naming the host an
 
 from __future__ import annotations
 
+import copy
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -149,6 +151,46 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         "password_file": str(Path(vault.password_file).expanduser().absolute()) if vault.password_file else None,
         "password": vault.prompted_password(),
     }
+    key = _memo_key(inventory, request)
+    if key is not None and key in _READS:
+        return copy.deepcopy(_READS[key])
+    answer = _read_in_child(inventory, request)
+    if key is not None:
+        if len(_READS) >= _MAX_READS:
+            _READS.pop(next(iter(_READS)))
+        _READS[key] = copy.deepcopy(answer)
+    return answer
+
+
+# One dsctl command reads the same inventory several times (an upgrade plans, then provisions and restarts batch
+# after batch, each verb reading it again): each read starts Ansible in a child, 1 to 3 s.  A read is kept for the
+# rest of the process while none of the inventory's files changed (path, size, mtime, inode of each, and of the
+# vault password file); an inventory with an executable file (a dynamic inventory script) is read every time.
+# Values rendered from lookups are the ones of the first read, as one ansible-playbook run would see them.
+_READS: dict[str, tuple[HostsVars, dict[str, HostsVars]]] = {}
+_MAX_READS = 16
+
+
+def _memo_key(inventory: Path, request: Mapping[str, Any]) -> str | None:
+    inventory = inventory.expanduser()
+    files = _yaml_files(inventory)
+    if inventory.is_dir():
+        files += sorted(p for p in inventory.rglob("*") if p.is_file() and p not in files)
+    if request.get("password_file"):
+        files.append(Path(str(request["password_file"])))
+    stamps = []
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        if st.st_mode & 0o111 and path != Path(str(request.get("password_file"))):
+            return None  # a script: its output may change from one run to the next
+        stamps.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
+    return hashlib.sha256(json.dumps([dict(request), stamps], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _read_in_child(inventory: Path, request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars]]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(asset_root() / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "PYTHONUNBUFFERED": "1"}
     try:
