@@ -147,3 +147,23 @@ def test_marker_moves_pending_to_good_and_clears_last(instance):
     assert marker.mark(str(directory), "cleared") is False
     with pytest.raises(ValueError, match="64 hex digits"):
         marker.mark(str(directory), "good", fingerprint="abc")
+
+
+def test_the_facts_read_accounts_with_their_groups_and_directories_with_owner_and_mode(tmp_path):
+    import grp
+    import os
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    account = facts.read_account(me.pw_name)
+    assert account["uid"] == me.pw_uid and account["shell"] == me.pw_shell
+    assert grp.getgrgid(me.pw_gid).gr_name in account["groups"]
+    assert facts.read_account("dsctl-no-such-user-x") is None
+    directory = tmp_path / "logs"
+    directory.mkdir(mode=0o750)
+    directory.chmod(0o750)
+    assert facts.read_directory(str(directory)) == {"isdir": True, "uid": os.getuid(), "gid": os.getgid(),
+                                                    "mode": "0750"}
+    (tmp_path / "file").write_text("")
+    assert facts.read_directory(str(tmp_path / "file"))["isdir"] is False
+    assert facts.read_directory(str(tmp_path / "absent")) is None
