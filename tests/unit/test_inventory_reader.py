@@ -291,3 +291,34 @@ def test_ask_vault_pass_prompts_once_and_hands_the_password_to_ansible_playbook(
     assert result["rc"] == 0, (artifacts / "ansible.log").read_text()
     assert "vault-password" not in result["left"]  # the run's password file is removed after the run
     assert PASSWORD not in (artifacts / "run.json").read_text()
+
+
+def test_reads_are_kept_while_the_files_are_unchanged_and_plain_host_limits_filter_the_whole_read(
+        tmp_path: Path, monkeypatch):
+    from dsctl.adapters import inventory as reader
+
+    children: list[object] = []
+    real = reader._read_in_child
+
+    def counted(inventory, request):
+        children.append(request["limit"])
+        return real(inventory, request)
+
+    monkeypatch.setattr(reader, "_read_in_child", counted)
+    monkeypatch.setattr(reader, "_READS", {})
+    # a host named like a group: which of the two the pattern means is Ansible's to say, so that limit goes to it
+    path = write(tmp_path / "hosts.yml", HOSTS + "    login-01:\n      hosts:\n        atlas-a02: {}\n")
+    assert list(host_vars(path)) == ["atlas-a01", "atlas-a02", "login-01"]
+    assert list(host_vars(path, limit="atlas-a02,atlas-a01")) == ["atlas-a01", "atlas-a02"]  # inventory order
+    assert list(host_vars(path, limit="atlas-a01")) == ["atlas-a01"]
+    assert children == [None]  # one Ansible start for all three
+    assert "login-01" in host_vars(path, limit="login-01")
+    assert list(host_vars(path, limit="atlas-a0*")) == ["atlas-a01", "atlas-a02"]
+    assert children == [None, "login-01", "atlas-a0*"]
+    with pytest.raises(UsageError, match="matches no host"):
+        host_vars(path, limit="atlas-a09")
+    # a changed file is read again
+    time.sleep(0.01)
+    path.write_text(HOSTS.replace("192.0.2.11", "192.0.2.21"))
+    assert host_vars(path)["atlas-a01"]["ansible_host"] == "192.0.2.21"
+    assert children[-1] is None and len(children) == 5

@@ -151,6 +151,28 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         "password_file": str(Path(vault.password_file).expanduser().absolute()) if vault.password_file else None,
         "password": vault.prompted_password(),
     }
+    names = _plain_host_names(limit)
+    if names is not None:
+        # --limit of plain host names (what dsctl upgrade hands provision and deploy, batch after batch): the
+        # whole group's read, kept below, filtered here, when each name is a host of the group and no group's
+        # name (Ansible would take a group's hosts too); anything else goes to Ansible's own pattern matching.
+        hosts, groups, group_names = _read(inventory, {**request, "limit": None})
+        if all(name in hosts and name not in group_names for name in names):
+            return {host: values for host, values in hosts.items() if host in names}, groups
+    hosts, groups, _ = _read(inventory, request)
+    return hosts, groups
+
+
+_PLAIN_NAMES = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
+
+
+def _plain_host_names(limit: str | None) -> set[str] | None:
+    if not limit or not _PLAIN_NAMES.fullmatch(limit):
+        return None
+    return set(limit.split(","))
+
+
+def _read(inventory: Path, request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars], list[str]]:
     key = _memo_key(inventory, request)
     if key is not None and key in _READS:
         return copy.deepcopy(_READS[key])
@@ -167,7 +189,7 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
 # rest of the process while none of the inventory's files changed (path, size, mtime, inode of each, and of the
 # vault password file); an inventory with an executable file (a dynamic inventory script) is read every time.
 # Values rendered from lookups are the ones of the first read, as one ansible-playbook run would see them.
-_READS: dict[str, tuple[HostsVars, dict[str, HostsVars]]] = {}
+_READS: dict[str, tuple[HostsVars, dict[str, HostsVars], list[str]]] = {}
 _MAX_READS = 16
 
 
@@ -190,7 +212,7 @@ def _memo_key(inventory: Path, request: Mapping[str, Any]) -> str | None:
     return hashlib.sha256(json.dumps([dict(request), stamps], sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _read_in_child(inventory: Path, request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars]]:
+def _read_in_child(inventory: Path, request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars], list[str]]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(asset_root() / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "PYTHONUNBUFFERED": "1"}
     try:
@@ -206,7 +228,7 @@ def _read_in_child(inventory: Path, request: Mapping[str, Any]) -> tuple[HostsVa
         raise DsctlError(f"inventory: Ansible could not read {inventory}: {detail}") from None
     if "error" in answer:
         raise UsageError(answer["error"])
-    return answer["hosts"], answer.get("groups", {})
+    return answer["hosts"], answer.get("groups", {}), answer.get("group_names", [])
 
 
 # --------------------------------------------------------------------------- the child process
@@ -440,7 +462,7 @@ def read(request: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return read_all(request)[0]
 
 
-def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars]]:
+def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars], list[str]]:
     """The child's work: `read_groups` for one request (see there)."""
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
@@ -491,15 +513,15 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
     if also:
         inventory.remove_restriction()  # the other groups whole: a gateway fronts hosts outside --limit too
     others = {name: values_of(inventory.get_hosts(name)) if name in inventory.groups else {} for name in also}
-    return chosen_hosts, others
+    return chosen_hosts, others, sorted(inventory.groups)
 
 
 def _child() -> int:
     request = json.loads(sys.stdin.read())
     answer_stream, sys.stdout = sys.stdout, sys.stderr  # whatever Ansible displays stays out of the answer
     try:
-        hosts, groups = read_all(request)
-        answer: dict[str, Any] = {"hosts": hosts, "groups": groups}
+        hosts, groups, group_names = read_all(request)
+        answer: dict[str, Any] = {"hosts": hosts, "groups": groups, "group_names": group_names}
     except _Refused as refused:
         answer = {"error": str(refused)}
     answer_stream.write(json.dumps(answer, default=str))
