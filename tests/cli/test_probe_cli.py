@@ -149,7 +149,8 @@ class ScriptedServer:
                                  % (len(doc), doc))
                     await writer.drain()
                     continue
-                body = self.CHUNK * 3 + b"data: [DONE]\n\n"
+                body = self.CHUNK * 2 + self.CHUNK.replace(b'"finish_reason":null', b'"finish_reason":"length"') \
+                    + b"data: [DONE]\n\n"
                 # "close-after": keep-alive by the headers, but hang up after each response, as an idle-timeout would
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
                              % (len(body), body))

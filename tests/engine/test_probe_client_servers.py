@@ -130,7 +130,7 @@ USAGE = b'"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
 
 async def stream_with_usage(seen: Seen, data: dict, write: Writer) -> bool:
     for i in range(seen.max_tokens):
-        await write(completion_chunk(seen, f" w{i}"))
+        await write(completion_chunk(seen, f" w{i}", finish="length" if i == seen.max_tokens - 1 else None))
         seen.generated += 1
     usage = USAGE % (8, seen.generated, 8 + seen.generated)
     await write(b'data: {"id":"%s","object":"text_completion","choices":[],%s}\n\n' % (seen.response_id.encode(),
@@ -277,6 +277,7 @@ def test_without_usage_only_text_bearing_messages_count_as_tokens(respond, endpo
     metrics = calculate_metrics(result.records, result.duration)
     assert metrics["total_output_tokens"] == sum(generated.values()) == 42
     assert metrics["output_tokens_counted_by"] == {"usage": 0, "tokenizer": 0, "chunks": 6}
+    assert metrics["output_tokens_count"] == "approximate"  # no usage: the count is not the server's
 
 
 # --------------------------------------------------------------------------- streams that end without [DONE]
@@ -309,6 +310,19 @@ def test_a_stream_that_ends_without_done_is_truncated_not_a_success():
 
     result = run(main(hangs_up_mid_stream))
     assert [r.error for r in result.records] == [ErrorClass.CONNECTION] * 4
+
+    # [DONE] without any finish_reason: a server that cut the choice short (the connection is still reused)
+    result = run(main(done_without_finish))
+    assert [r.error for r in result.records] == [ErrorClass.TRUNCATED] * 4
+    assert "finish_reason" in result.records[0].error_detail
+
+
+async def done_without_finish(seen: Seen, data: dict, write: Writer) -> bool:
+    await write(completion_chunk(seen, " w0"))
+    seen.generated += 1
+    await write(b"data: [DONE]\n\n")
+    await write(b"")
+    return True
 
 
 async def never_ends_an_event(seen: Seen, data: dict, write: Writer) -> bool:

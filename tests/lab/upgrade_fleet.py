@@ -1,9 +1,9 @@
-"""The fleet of the `dsctl upgrade` lab stories (test_upgrade.py, test_upgrade_canary.py): lab-01 and lab-02 serve
+"""The fleet of the `dsctl upgrade` lab story (test_upgrade.py): lab-01 and lab-02 serve
 one TP4 instance each at CANN 8.3.RC2 / vllm-ascend v0.11.0 (HDK 25.3.rc1, which accepts 8.3.RC2, 8.5.0 and the lab
 release, so the HDK never changes), lab-03 is the gateway
 (nginx from the distribution's packages, as in test_gateway.py).
 
-Each story has a fleet of its own, so the two run side by side on two pytest workers.
+The canary story (a regressed release switched back) and the rolling one run on it one after the other.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ definition that reaches the fleet, through symlinks, with owner and mode kept; w
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,6 +82,33 @@ def test_an_unwritable_file_is_refused_before_anything_changes(tmp_path):
             inventory_versions.plan_edit(inventory, ["a1"], {"dsctl_cann_version": "8.5.0"})
     finally:
         (tmp_path / "group_vars").chmod(0o700)
+
+
+READ_ONLY_PLAN = """
+import sys
+from pathlib import Path
+from dsctl.adapters import inventory_versions
+from dsctl.errors import UsageError
+try:
+    inventory_versions.plan_edit(Path(sys.argv[1]), ["a1"], {"dsctl_cann_version": "8.5.0"})
+except UsageError as refused:
+    print(refused)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a mount namespace takes root")
+def test_a_file_on_a_read_only_mount_is_refused_even_for_root(tmp_path):
+    # root writes any file a mode forbids, but not on a read-only mount (a site's inventory from a ro NFS export)
+    inventory = site(tmp_path, "dsctl_cann_version: 8.3.RC2\n")
+    group_vars = tmp_path / "group_vars"
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && exec "$2" -c "$3" "$4"', "sh",
+         str(group_vars), sys.executable, READ_ONLY_PLAN, str(inventory)],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "not writable" in result.stdout, result.stdout + result.stderr
+    assert (group_vars / "npu_nodes.yml").read_text() == "dsctl_cann_version: 8.3.RC2\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another owner takes root")

@@ -25,9 +25,11 @@ from dsctl.core.load.probe_metrics import (
 # -- a recorded stream, replayed through the client's protocol with a fake clock ----------------------------
 
 
-def _chunk(text: str) -> bytes:
+def _chunk(text: str, finish: str | None = None) -> bytes:
+    """A completions message as vLLM streams it; the choice's last one carries its finish_reason."""
+    reason = b"null" if finish is None else b'"' + finish.encode() + b'"'
     return (b'data: {"id":"cmpl-a","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
-            b'"text":"' + text.encode() + b'","logprobs":null,"finish_reason":null,"stop_reason":null}],'
+            b'"text":"' + text.encode() + b'","logprobs":null,"finish_reason":' + reason + b',"stop_reason":null}],'
             b'"usage":null}\n\n')
 
 
@@ -88,7 +90,7 @@ def test_recorded_chunked_stream_gives_vllm_ttft_itl_e2el_tpot(monkeypatch):
         (0.120, _http_chunked(_chunk(" b"))),
         (0.150 - 1e-9, third[:40]),
         (0.150, third[40:]),
-        (0.170, _http_chunked(_chunk(" d")) + _http_chunked(USAGE) + _http_chunked(b"data: [DONE]\n\n")
+        (0.170, _http_chunked(_chunk(" d", "length")) + _http_chunked(USAGE) + _http_chunked(b"data: [DONE]\n\n")
          + b"0\r\n\r\n"),
     ]
     rec = replay(reads, monkeypatch)
@@ -102,7 +104,7 @@ def test_recorded_chunked_stream_gives_vllm_ttft_itl_e2el_tpot(monkeypatch):
 
 def test_usage_chunk_counts_tokens_when_one_message_carries_several(monkeypatch):
     usage5 = USAGE.replace(b'"completion_tokens":4', b'"completion_tokens":5')
-    body = _chunk("ab") + _chunk("cd") + usage5 + b"data: [DONE]\n\n"
+    body = _chunk("ab") + _chunk("cd", "length") + usage5 + b"data: [DONE]\n\n"
     head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
     rec = replay([(0.01, head + body)], monkeypatch)
     assert rec.success and rec.output_len == 5 and len(rec.chunk_times) == 2
@@ -111,15 +113,17 @@ def test_usage_chunk_counts_tokens_when_one_message_carries_several(monkeypatch)
 def test_role_only_chat_chunk_is_the_first_token_as_in_vllm(monkeypatch):
     role = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant",'
             b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n')
-    rec = replay([(0.01, HEAD), (0.02, _http_chunked(role)), (0.03, _http_chunked(b"data: [DONE]\n\n"))],
+    end = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"logprobs":null,'
+           b'"finish_reason":"length"}]}\n\n')
+    rec = replay([(0.01, HEAD), (0.02, _http_chunked(role)), (0.03, _http_chunked(end + b"data: [DONE]\n\n"))],
                  monkeypatch)
-    assert rec.chunk_times == [0.02] and rec.success
+    assert rec.chunk_times == [0.02, 0.03] and rec.success and rec.ttft == pytest.approx(0.02)
     assert rec.text_chunks == 0 and rec.output_len == 0 and rec.output_method == "chunks"  # no token in it
     assert rec.response_id == "c"
 
 
 def test_without_usage_text_messages_are_counted_and_empty_ones_are_not(monkeypatch):
-    body = (_chunk("") + _chunk("a") + _chunk("") + _chunk('\\"b') + b": keep-alive\n\n" + _chunk("")
+    body = (_chunk("") + _chunk("a") + _chunk("") + _chunk('\\"b') + b": keep-alive\n\n" + _chunk("", "length")
             + b"data: [DONE]\n\n")
     head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
     rec = replay([(0.01, head + body)], monkeypatch)
@@ -138,6 +142,9 @@ def test_without_usage_text_messages_are_counted_and_empty_ones_are_not(monkeypa
      ErrorClass.HTTP_5XX),
     ([(0.01, HEAD), (0.02, _http_chunked(b"data: [DONE]\n\n"))], ErrorClass.PROTOCOL),  # 200, no token
     ([(0.01, HEAD), (0.02, _http_chunked(_chunk("a")) + b"0\r\n\r\n")], ErrorClass.TRUNCATED),  # no [DONE]
+    # [DONE] before the choice's finish_reason: cut short upstream (a worker restarted behind a proxy)
+    ([(0.01, HEAD), (0.02, _http_chunked(_chunk("a") + b"data: [DONE]\n\n") + b"0\r\n\r\n")],
+     ErrorClass.TRUNCATED),
     ([(0.01, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(_chunk("a")) + _chunk("a"))],
      ErrorClass.TRUNCATED),
     ([(0.01, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + _chunk("a"))], ErrorClass.TRUNCATED),  # then EOF
@@ -153,7 +160,7 @@ def test_failures_are_classified(monkeypatch, reads, cls):
 
 def test_connection_is_reused_only_after_the_whole_body(monkeypatch):
     conns: list = []
-    body = _http_chunked(_chunk("a")) + _http_chunked(b"data: [DONE]\n\n")
+    body = _http_chunked(_chunk("a", "length")) + _http_chunked(b"data: [DONE]\n\n")
     rec = replay([(0.01, HEAD), (0.02, body)], monkeypatch, conn_out=conns)
     conn = conns[0]
     assert rec.success and rec.end == 0.02
@@ -193,6 +200,7 @@ def test_metrics_match_hand_computed_values():
     assert m["failures"] == {"timeout": 1, "http_4xx": 0, "http_5xx": 1, "connection": 0, "protocol": 0,
                              "truncated": 0}
     assert m["output_tokens_counted_by"] == {"usage": 3, "tokenizer": 0, "chunks": 0}
+    assert m["output_tokens_count"] == "exact"
     errors = m["errors"]  # 2 of 5 failed: far above the default 5 %
     assert errors["failed"] == 2 and errors["finished"] == 5 and errors["error_rate"] == pytest.approx(0.4)
     assert errors["exceeded"] is True and errors["max_error_rate"] == 0.05

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
-from ruamel.yaml.util import load_yaml_guess_indent
 
+from dsctl.adapters import yaml_roundtrip
 from dsctl.adapters.state_files import write_durably
 from dsctl.core.upgrade.plan import VARIABLES  # the upgrade's version fields -> their inventory variables
 from dsctl.errors import UsageError
@@ -64,13 +63,6 @@ class VersionEdit:
         return [f"{site.path}: {site.variable}: {site.value} -> {self.changes[site.variable]} ({site.scope})"
                 for site in self.sites] + [f"{site.path}: {site.variable}: {site.value} (added, {site.scope})"
                                            for site in self.additions]
-
-
-def _yaml() -> YAML:
-    yaml = YAML(typ="rt")
-    yaml.preserve_quotes = True
-    yaml.width = 4096
-    return yaml
 
 
 def _is_vault(text: str) -> bool:
@@ -166,7 +158,7 @@ def _load(path: Path) -> Any:
         raise UsageError(f"{path}: not UTF-8 text; dsctl upgrade cannot record versions in it") from None
     if _is_vault(text):
         return None
-    return _yaml().load(text)
+    return yaml_roundtrip.loader().load(text)
 
 
 def plan_edit(inventory: Path, hosts: Iterable[str], changes: Mapping[str, str]) -> VersionEdit:
@@ -253,11 +245,7 @@ def apply(edit: VersionEdit) -> dict[Path, bytes | None]:
     for path in edit.files:
         previous[path] = path.read_bytes() if path.exists() else None
         text = previous[path].decode("utf-8") if previous[path] is not None else ""
-        yaml = _yaml()
-        if text.strip():
-            _, indent, block_seq_indent = load_yaml_guess_indent(text)
-            sequence, offset = indent or 2, block_seq_indent or 0
-            yaml.indent(mapping=max(2, sequence - offset), sequence=sequence, offset=offset)
+        yaml = yaml_roundtrip.editor(text)
         document = yaml.load(text) if text.strip() else CommentedMap()
         for site in (*edit.sites, *edit.additions):
             if site.path != path:

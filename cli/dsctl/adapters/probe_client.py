@@ -23,8 +23,8 @@ Generated text is kept only when asked (``keep_text``: ``--save-text``, ``--toke
 a reference to each text-bearing message's bytes, and the text is parsed out of them once the run has ended
 (`ProbeRun.run`), so keeping it costs the measurement no JSON parsing.
 
-A stream that ends without ``data: [DONE]`` is a failure (``truncated``), not a success: what was cut off is
-unknown.
+A stream that ends without ``data: [DONE]``, or says ``[DONE]`` before any choice carried a ``finish_reason``, is a
+failure (``truncated``), not a success: what was cut off is unknown.
 
 Timeouts at every level: connect (``wait_for``), first response byte, idle gap between bytes, total per request
 (one watchdog task checks every in-flight request a few times a second, so the hot path only stores a float),
@@ -61,6 +61,8 @@ _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 # envelope before it never count. An empty string, null or a role-only delta does not match.
 _TEXT = re.compile(rb'"(?:text|content|reasoning_content|reasoning)"\s*:\s*"(?!")')
 _ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
+# A choice that ends: "finish_reason" with a string ("stop", "length", ...), not null.
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 # RFC 9110 field-name token characters: a request id header name cannot smuggle CR/LF or a colon.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 DEFAULT_REQUEST_ID_HEADER = "x-request-id"
@@ -251,7 +253,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = ("client", "transport", "state", "reused", "idle_since", "retry", "rec", "done", "stream", "last",
                  "got_byte", "headers_done", "head", "chunked", "length", "keep_alive", "raw", "chunk_left", "skip",
-                 "complete", "done_seen", "sse", "body", "body_cap", "finished")
+                 "complete", "done_seen", "finish_seen", "sse", "body", "body_cap", "finished")
 
     def __init__(self, client: ProbeClient):
         self.client = client
@@ -283,6 +285,7 @@ class _Conn(asyncio.Protocol):
         self.skip = 0
         self.complete = False
         self.done_seen = False
+        self.finish_seen = False
         self.sse = b""
         self.body = bytearray()
         self.body_cap = _MAX_ERROR_BODY if stream else _MAX_DOCUMENT
@@ -479,11 +482,18 @@ class _Conn(asyncio.Protocol):
                     rec.text_chunks += 1  # type: ignore[union-attr]
                     if rec.text_parts is not None:  # type: ignore[union-attr]
                         rec.text_parts.append(payload)  # type: ignore[union-attr]  # bytes until the run ends
+                if not self.finish_seen and _FINISH.search(payload, match.end()) is not None:
+                    self.finish_seen = True
                 if _USAGE_OBJECT.search(payload) is not None:
                     self._usage(payload, now)
             elif payload.strip() == b"[DONE]":
                 self.sse = b""
                 self.done_seen = True
+                if self.rec.chunk_times and not self.finish_seen:  # type: ignore[union-attr]
+                    # vLLM, OpenAI and llama.cpp's server end a completed choice with its finish_reason; a stream
+                    # that says [DONE] without one was cut short upstream (a worker restarted behind a proxy)
+                    self.fail(ErrorClass.TRUNCATED, "the stream ended without a finish_reason", now, reusable=True)
+                    return
                 self._finish(now)
                 return
             else:

@@ -41,12 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, TaggedScalar
 from ruamel.yaml.error import CommentMark, MarkedYAMLError, YAMLError
 from ruamel.yaml.tokens import CommentToken
-from ruamel.yaml.util import load_yaml_guess_indent
 
+from dsctl.adapters import yaml_roundtrip
 from dsctl.adapters.state_files import write_durably
 from dsctl.errors import DsctlError, UsageError
 
@@ -164,13 +163,6 @@ def _sources(inventory: Path, hosts: frozenset[str]) -> list[tuple[Path, str]]:
 # --------------------------------------------------------------------------- reading one file
 
 
-def _yaml() -> YAML:
-    yaml = YAML(typ="rt")
-    yaml.preserve_quotes = True
-    yaml.width = 4096  # never re-wrap long lines
-    return yaml
-
-
 def _template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
@@ -258,7 +250,7 @@ def _decoded(path: Path, raw: bytes) -> tuple[str, bool]:
 
 def _loaded(path: Path, kind: str, text: str) -> Any:
     try:
-        return _yaml().load(text)
+        return yaml_roundtrip.loader().load(text)
     except YAMLError as exc:
         problem = exc.problem if isinstance(exc, MarkedYAMLError) and exc.problem else str(exc).splitlines()[0]
         mark = exc.problem_mark if isinstance(exc, MarkedYAMLError) else None
@@ -460,10 +452,7 @@ def find_definitions(inventory: Path, service: str, *, hosts: tuple[str, ...] = 
 def _edit(source: _Source, service: str, params: Mapping[str, Any], fields: Mapping[str, Any]
           ) -> tuple[str | None, dict[str, Any]]:
     """The file's new text (None: nothing changes) and what changed."""
-    _, indent, block_seq_indent = load_yaml_guess_indent(source.text)
-    yaml = _yaml()
-    sequence, offset = indent or 2, block_seq_indent or 0
-    yaml.indent(mapping=max(2, sequence - offset), sequence=sequence, offset=offset)
+    yaml = yaml_roundtrip.editor(source.text)
     document = yaml.load(source.text)
     changed: dict[str, Any] = {}
     entries = {id(entry): entry for holder in _service_vars(document, source.kind)

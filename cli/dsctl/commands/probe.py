@@ -94,7 +94,9 @@ def render(data: dict[str, Any]) -> None:
     ]
     counted = ", ".join(f"{k} {v}" for k, v in m["output_tokens_counted_by"].items() if v)
     if counted:
-        rows.append(["Output tokens counted by", counted])
+        exactness = (" (approximate: the server did not send usage for every request)"
+                     if m.get("output_tokens_count") == "approximate" else "")
+        rows.append(["Output tokens counted by", counted + exactness])
     ui.print_table("============ Serving Benchmark Result ============", ["metric", "value"], rows)
     names = [("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)"),
              ("client_queue_ms", "Client queue (ms)")]

@@ -258,8 +258,11 @@ def calculate_metrics(records: Sequence[RequestRecord], duration: float,
                       max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> dict[str, Any]:
     """vLLM's ``calculate_metrics`` over measured records (warm-up already removed); ``duration`` in seconds.
 
-    Beyond vLLM's set: ``errors`` (`error_rate` against ``max_error_rate``) and ``output_tokens_counted_by``
-    (how many successful requests were counted by each method of `RequestRecord.output_method`)."""
+    Beyond vLLM's set: ``errors`` (`error_rate` against ``max_error_rate``), ``output_tokens_counted_by``
+    (how many successful requests were counted by each method of `RequestRecord.output_method`) and
+    ``output_tokens_count``: "exact" when the server's usage counted every successful request, else "approximate"
+    (text-bearing messages undercount a server that streams tokens with empty text, several tokens per message or
+    none; a tokenizer re-count is only as good as its match with the server's), None without a success."""
     errors = error_rate(records, max_error_rate)
     ok = [r for r in records if r.success]
     failed = [r for r in records if not r.success and not r.cancelled]
@@ -299,6 +302,7 @@ def calculate_metrics(records: Sequence[RequestRecord], duration: float,
         "e2el_ms": summarize((r.e2el for r in ok), 1e3, percentiles),
         "client_queue_ms": summarize((r.queue_time for r in sent), 1e3, percentiles),
         "output_tokens_counted_by": counted_by,
+        "output_tokens_count": None if not ok else "exact" if counted_by["usage"] == len(ok) else "approximate",
         "errors": errors,
     }
 
