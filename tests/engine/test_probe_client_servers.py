@@ -501,6 +501,15 @@ def test_the_probe_verb_sends_no_request_id_when_told_and_refuses_a_bad_header_n
                                                  request_id_header="x id"))
 
 
+def test_a_model_the_server_does_not_list_is_refused_before_any_request():
+    # a server that serves whatever name is asked (llama.cpp's) would otherwise be measured under the wrong name
+    with server_in_thread(stream_with_usage) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        with pytest.raises(UsageError, match=r"--model other: .*/v1/models lists m; pass one of them"):
+            probe_verb(HttpProber(), ProbeConfig(url=url, model="other", concurrency=1, requests=1, timeout=20))
+        assert server.seen == []  # not one completion was sent
+
+
 # --------------------------------------------------------------------------- --tokenizer, --save-text, --csv
 
 

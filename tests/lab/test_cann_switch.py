@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from .conftest import address, bring_up, dsctl, requires_lab
-from .upgrade_fleet import UPGRADE_TIMEOUT
+from .upgrade_fleet import LIMITS, UPGRADE_TIMEOUT
 
 pytestmark = [pytest.mark.lab, requires_lab]
 
@@ -152,7 +152,10 @@ def test_provision_a_check_and_deploy(lab_a):
 def test_an_upgrade_to_b_installs_next_to_a_and_records_b_in_the_inventory(lab_a):
     lab, root, _ = lab_a
     before = lab.sh(HOST, "supervisorctl pid dsctl-chat-0").stdout.strip()
-    code, report = run("upgrade", lab_a, "--cann", B["cann"], "--vllm-ascend", B["vllm_ascend"])
+    # The gate is not this story's subject (test_upgrade.py's is): on a busy 2-core machine one probe's throughput
+    # varies by more than the default 5 % (CI: -5.2 %), so the story allows what the upgrade story allows.
+    code, report = run("upgrade", lab_a, "--cann", B["cann"], "--vllm-ascend", B["vllm_ascend"],
+                       "--max-regression", LIMITS)
     assert code == 0, report["errors"]
     assert active(lab) == expected(B)
     assert lab.sh(HOST, f"ls {TOOLKIT}/{A['cann']}/*-linux/ascend_toolkit_install.info").exit_code == 0

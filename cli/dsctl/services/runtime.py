@@ -12,7 +12,7 @@ from typing import Any
 from dsctl.adapters import ansible_run
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeError, ProbeRun, RunResult, Target, Timeouts
-from dsctl.errors import DsctlError
+from dsctl.errors import DsctlError, UsageError
 from dsctl.services.ports import BodyMaker, FinishHook, ProgressSink
 
 MODELS_TIMEOUT_S = 10.0
@@ -42,9 +42,17 @@ async def _resolve_model(client: ProbeClient, model: str | None) -> str:
         status, doc = await client.get_json("/v1/models", timeout=min(MODELS_TIMEOUT_S, client.timeouts.total))
     except ProbeError as exc:
         raise DsctlError(str(exc)) from None
-    if model:
-        return model
     models = doc.get("data") if isinstance(doc, dict) else None
+    if model:
+        served = [str(m["id"]) for m in models if isinstance(m, dict) and m.get("id")] \
+            if status == 200 and isinstance(models, list) else []
+        if served and model not in served:
+            # vLLM answers 404 for a model it does not serve, but llama.cpp's server and some gateways serve
+            # whatever name is asked: the probe would measure a model the user did not name
+            shown = ", ".join(served[:8]) + (f", ... ({len(served)} models)" if len(served) > 8 else "")
+            raise UsageError(f"--model {model}: {client.target.url}/v1/models lists {shown}; pass one of them "
+                             "(or leave --model out for the first)")
+        return model
     if status != 200 or not isinstance(models, list) or not models or not isinstance(models[0], dict):
         raise DsctlError(f"{client.target.url}/v1/models answered HTTP {status} without a model list; "
                          "pass --model NAME")
