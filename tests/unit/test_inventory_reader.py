@@ -322,3 +322,34 @@ def test_reads_are_kept_while_the_files_are_unchanged_and_plain_host_limits_filt
     path.write_text(HOSTS.replace("192.0.2.11", "192.0.2.21"))
     assert host_vars(path)["atlas-a01"]["ansible_host"] == "192.0.2.21"
     assert children[-1] is None and len(children) == 5
+
+
+def test_a_directory_inventory_is_kept_while_every_file_in_it_is_unchanged_and_never_with_a_script(
+        tmp_path: Path, monkeypatch):
+    from dsctl.adapters import inventory as reader
+
+    children: list[object] = []
+    real = reader._read_in_child
+
+    def counted(inventory, request):
+        children.append(request["limit"])
+        return real(inventory, request)
+
+    monkeypatch.setattr(reader, "_read_in_child", counted)
+    monkeypatch.setattr(reader, "_READS", {})
+    directory = tmp_path / "fleet"
+    write(directory / "hosts.yml", HOSTS)
+    # Ansible skips .cfg files in an inventory directory (inventory_ignore_extensions); a kept read still sees them
+    notes = write(directory / "notes.cfg", "site notes\n")
+    host_vars(directory)
+    host_vars(directory)
+    assert len(children) == 1
+    time.sleep(0.01)
+    notes.write_text("changed\n")  # any file of the directory changed: read again
+    host_vars(directory)
+    assert len(children) == 2
+    script = write(directory / "extra.sh", "#!/bin/sh\necho '{\"_meta\": {\"hostvars\": {}}}'\n")
+    script.chmod(0o755)  # a dynamic inventory: its output may change from one run to the next
+    host_vars(directory)
+    host_vars(directory)
+    assert len(children) == 4

@@ -80,26 +80,32 @@ MAX_YAML_FILE_BYTES = 16 * 1024 * 1024  # one inventory, group_vars or host_vars
 _YAML_SUFFIXES = ("", ".yml", ".yaml", ".json")  # what Ansible reads as variable files
 
 
-def _yaml_files(inventory: Path) -> list[Path]:
-    """The files Ansible reads YAML from for ``inventory``: the file (or every file under the directory) and the
-    group_vars/ and host_vars/ next to it."""
+def _inventory_files(inventory: Path) -> tuple[list[Path], list[Path]]:
+    """One walk of ``inventory``: the files Ansible reads YAML from (the file, or every file under the directory,
+    and the group_vars/ and host_vars/ next to it), and every file it may read (a directory inventory's scripts and
+    other files too: what a kept read must see unchanged, `_memo_key`)."""
     inventory = inventory.expanduser()
     base = inventory if inventory.is_dir() else inventory.parent
     roots = [inventory] if inventory.is_dir() else [inventory, base / "group_vars", base / "host_vars"]
-    found: list[Path] = []
+    everything: list[Path] = []
     for root in roots:
         if root.is_file():
-            found.append(root)
+            everything.append(root)
         elif root.is_dir():
-            found += sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
-                            and p.suffix.lower() in _YAML_SUFFIXES)
-    return list(dict.fromkeys(found))
+            everything += sorted(p for p in root.rglob("*") if p.is_file())
+    everything = list(dict.fromkeys(everything))
+    yaml_files = [p for p in everything if p in roots or (not p.name.startswith(".")
+                                                          and p.suffix.lower() in _YAML_SUFFIXES)]
+    if not inventory.is_dir():
+        everything = yaml_files  # beside an inventory file, Ansible reads only variable files
+    return yaml_files, everything
 
 
-def check_yaml_bounds(inventory: Path) -> None:
+def check_yaml_bounds(inventory: Path, yaml_files: Sequence[Path] | None = None) -> None:
     """Refuse (one line) an inventory whose YAML is too large or expands too far through aliases
-    (`dsctl.core.fleet.yaml_bounds`), before Ansible (the reader's child or ansible-playbook) parses it."""
-    for path in _yaml_files(inventory):
+    (`dsctl.core.fleet.yaml_bounds`), before Ansible (the reader's child or ansible-playbook) parses it.
+    ``yaml_files``: `_inventory_files`' first list, when the caller has walked the inventory already."""
+    for path in _inventory_files(inventory)[0] if yaml_files is None else yaml_files:
         try:
             if path.stat().st_size > MAX_YAML_FILE_BYTES:
                 raise UsageError(f"inventory: {path}: more than {MAX_YAML_FILE_BYTES >> 20} MiB; an inventory "
@@ -137,7 +143,8 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
             raise UsageError(f"inventory: {inventory} is not a file or directory of an inventory; pass an "
                              "inventory YAML file or its directory")
         raise UsageError(f"inventory: {inventory} does not exist; pass the path `dsctl lab up` printed or your own")
-    check_yaml_bounds(inventory)
+    yaml_files, files = _inventory_files(inventory)
+    check_yaml_bounds(inventory, yaml_files)
     vault = vault or VaultOptions()
     if vault.password_file is not None and not Path(vault.password_file).expanduser().is_file():
         raise UsageError(f"--vault-password-file: {vault.password_file} does not exist; pass the file that holds "
@@ -156,10 +163,10 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         # --limit of plain host names (what dsctl upgrade hands provision and deploy, batch after batch): the
         # whole group's read, kept below, filtered here, when each name is a host of the group and no group's
         # name (Ansible would take a group's hosts too); anything else goes to Ansible's own pattern matching.
-        hosts, groups, group_names = _read(inventory, {**request, "limit": None})
+        hosts, groups, group_names = _read(inventory, {**request, "limit": None}, files)
         if all(name in hosts and name not in group_names for name in names):
             return {host: values for host, values in hosts.items() if host in names}, groups
-    hosts, groups, _ = _read(inventory, request)
+    hosts, groups, _ = _read(inventory, request, files)
     return hosts, groups
 
 
@@ -172,8 +179,9 @@ def _plain_host_names(limit: str | None) -> set[str] | None:
     return set(limit.split(","))
 
 
-def _read(inventory: Path, request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars], list[str]]:
-    key = _memo_key(inventory, request)
+def _read(inventory: Path, request: Mapping[str, Any],
+          files: Sequence[Path]) -> tuple[HostsVars, dict[str, HostsVars], list[str]]:
+    key = _memo_key(request, files)
     if key is not None and key in _READS:
         return copy.deepcopy(_READS[key])
     answer = _read_in_child(inventory, request)
@@ -193,11 +201,10 @@ _READS: dict[str, tuple[HostsVars, dict[str, HostsVars], list[str]]] = {}
 _MAX_READS = 16
 
 
-def _memo_key(inventory: Path, request: Mapping[str, Any]) -> str | None:
-    inventory = inventory.expanduser()
-    files = _yaml_files(inventory)
-    if inventory.is_dir():
-        files += sorted(p for p in inventory.rglob("*") if p.is_file() and p not in files)
+def _memo_key(request: Mapping[str, Any], inventory_files: Sequence[Path]) -> str | None:
+    """The key of a kept read: the request and every file's stamp (`_inventory_files`' second list), or None for
+    an inventory that must be read every time."""
+    files = list(inventory_files)
     if request.get("password_file"):
         files.append(Path(str(request["password_file"])))
     stamps = []
