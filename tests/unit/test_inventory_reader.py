@@ -293,19 +293,25 @@ def test_ask_vault_pass_prompts_once_and_hands_the_password_to_ansible_playbook(
     assert PASSWORD not in (artifacts / "run.json").read_text()
 
 
-def test_reads_are_kept_while_the_files_are_unchanged_and_plain_host_limits_filter_the_whole_read(
-        tmp_path: Path, monkeypatch):
+@pytest.fixture
+def children(monkeypatch) -> list[object]:
+    """The limit of every read that started Ansible in a child, with no read kept from an earlier test."""
     from dsctl.adapters import inventory as reader
 
-    children: list[object] = []
+    started: list[object] = []
     real = reader._read_in_child
 
     def counted(inventory, request):
-        children.append(request["limit"])
+        started.append(request["limit"])
         return real(inventory, request)
 
     monkeypatch.setattr(reader, "_read_in_child", counted)
     monkeypatch.setattr(reader, "_READS", {})
+    return started
+
+
+def test_reads_are_kept_while_the_files_are_unchanged_and_plain_host_limits_filter_the_whole_read(
+        tmp_path: Path, children: list[object]):
     # a host named like a group: which of the two the pattern means is Ansible's to say, so that limit goes to it
     path = write(tmp_path / "hosts.yml", HOSTS + "    login-01:\n      hosts:\n        atlas-a02: {}\n")
     assert list(host_vars(path)) == ["atlas-a01", "atlas-a02", "login-01"]
@@ -325,18 +331,7 @@ def test_reads_are_kept_while_the_files_are_unchanged_and_plain_host_limits_filt
 
 
 def test_a_directory_inventory_is_kept_while_every_file_in_it_is_unchanged_and_never_with_a_script(
-        tmp_path: Path, monkeypatch):
-    from dsctl.adapters import inventory as reader
-
-    children: list[object] = []
-    real = reader._read_in_child
-
-    def counted(inventory, request):
-        children.append(request["limit"])
-        return real(inventory, request)
-
-    monkeypatch.setattr(reader, "_read_in_child", counted)
-    monkeypatch.setattr(reader, "_READS", {})
+        tmp_path: Path, children: list[object]):
     directory = tmp_path / "fleet"
     write(directory / "hosts.yml", HOSTS)
     # Ansible skips .cfg files in an inventory directory (inventory_ignore_extensions); a kept read still sees them

@@ -85,8 +85,8 @@ def _inventory_files(inventory: Path) -> tuple[list[Path], list[Path]]:
     and the group_vars/ and host_vars/ next to it), and every file it may read (a directory inventory's scripts and
     other files too: what a kept read must see unchanged, `_memo_key`)."""
     inventory = inventory.expanduser()
-    base = inventory if inventory.is_dir() else inventory.parent
-    roots = [inventory] if inventory.is_dir() else [inventory, base / "group_vars", base / "host_vars"]
+    directory = inventory.is_dir()
+    roots = [inventory] if directory else [inventory, inventory.parent / "group_vars", inventory.parent / "host_vars"]
     everything: list[Path] = []
     for root in roots:
         if root.is_file():
@@ -96,7 +96,7 @@ def _inventory_files(inventory: Path) -> tuple[list[Path], list[Path]]:
     everything = list(dict.fromkeys(everything))
     yaml_files = [p for p in everything if p in roots or (not p.name.startswith(".")
                                                           and p.suffix.lower() in _YAML_SUFFIXES)]
-    if not inventory.is_dir():
+    if not directory:
         everything = yaml_files  # beside an inventory file, Ansible reads only variable files
     return yaml_files, everything
 
