@@ -345,6 +345,32 @@ def test_keep_alive_serves_several_requests_on_one_connection(engine):
                 assert json.loads(reader.read(int(headers["content-length"])))["usage"]["completion_tokens"] == 3
 
 
+def test_kept_alive_streams_get_their_first_token_without_a_delayed_ack_wait(engine):
+    """Client first byte minus the engine's first-token stamp on one kept-alive connection.  Without TCP_NODELAY the
+    stream's first event (a small write after the head) waits for the client's delayed ACK, about 40 ms on Linux;
+    vLLM's server (uvloop) sets TCP_NODELAY, so the gap is the write itself."""
+    gaps = []
+    with socket.create_connection(("127.0.0.1", engine.port), timeout=30) as sock:
+        reader = sock.makefile("rb")
+        for i in range(15):
+            payload = json.dumps({"prompt": "a b c", "max_tokens": 4, "stream": True}).encode()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                         + f"\r\nX-Request-Id: nodelay-{i}\r\n".encode()
+                         + b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            assert reader.readline().startswith(b"HTTP/1.1 200")
+            while reader.readline() != b"\r\n":
+                pass
+            first = None
+            while (size := int(reader.readline(), 16)) != 0:
+                reader.read(size + 2)
+                first = first or time.time()
+            reader.read(2)
+            gaps.append((i, first))
+    records = {r["id"]: r for r in map(json.loads, engine.record.read_text().splitlines())}
+    lags = sorted(first - records[f"nodelay-{i}"]["first_token_time"] for i, first in gaps)
+    assert lags[len(lags) // 2] < 0.015, f"client first byte - engine first token (s): {lags}"
+
+
 def test_http10_stream_is_close_delimited(engine):
     status, headers, raw = request(engine.port, "POST", "/v1/completions",
                                    {"prompt": "a", "max_tokens": 3, "stream": True}, AUTH, version="HTTP/1.0")
