@@ -30,3 +30,37 @@ def test_screen_rules_out_configs_that_cannot_start_and_caches():
     assert screen(candidate(0.9)) is None
     low = screen(candidate(0.2))  # 64 GB x 0.2 cannot hold 15 GB of weights plus the workspace
     assert low is not None and "does not fit" in low and "The engine stops at start-up" in low
+
+
+def _candidate(number: int) -> Candidate:
+    return Candidate(number=number, config={"x": number}, params={}, fields={}, needs_quality=False)
+
+
+def _predictor(ttft_ms: dict[int, float]):
+    """A model whose TTFT p99 prediction for candidate N is ttft_ms[N] (default 1000 ms)."""
+    def predict(candidate: Candidate):
+        return None, {"completed": 50, "ttft_ms": {"p99": ttft_ms.get(candidate.number, 1000.0)}}
+    return predict
+
+
+def test_a_model_screen_that_rejects_everything_lets_a_candidate_through_after_a_run_of_rejections():
+    screen = screens.ModelScreen(_predictor({}), parse_slos(["ttft=200ms"]), max_rejected_in_a_row=3)
+    verdicts = [screen(_candidate(n)) for n in range(8)]
+    assert [v is None for v in verdicts] == [False, False, False, True, False, False, False, True]
+    assert screen.summary() == {"consulted": 8, "rejected": 6, "overruled": 2, "max_consultations": None}
+
+
+def test_a_candidate_the_model_passes_resets_the_run_of_rejections():
+    screen = screens.ModelScreen(_predictor({2: 150.0}), parse_slos(["ttft=200ms"]), max_rejected_in_a_row=2)
+    verdicts = [screen(_candidate(n)) is None for n in range(6)]
+    assert verdicts == [False, False, True, False, False, True]
+    assert screen.overruled == 1
+
+
+def test_model_screen_consultations_are_bounded_per_restart_of_the_budget():
+    screen = screens.model_screen(_predictor({}), parse_slos(["ttft=200ms"]), budget=2)
+    assert screen.max_consultations == 2 * screens.MODEL_CONSULTATIONS_PER_RESTART
+    for n in range(screen.max_consultations + 5):
+        screen(_candidate(n))
+    assert screen.consulted == screen.max_consultations  # past the bound it is not asked: the measurement decides
+    assert screen(_candidate(99)) is None

@@ -316,7 +316,8 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
                                      output_tokens=shortest_output, slos=slos,
                                      npus_per_instance=inputs.npus_per_instance)
     if inputs.screen == "model":
-        screen = screens.combined(screen, screens.model_screen(model_predictor(inputs, slos, space, workload), slos))
+        screen = screens.combined(screen, screens.model_screen(model_predictor(inputs, slos, space, workload), slos,
+                                                                  budget=inputs.budget))
     elif inputs.screen == "none":
         screen = None
     driver = search.Search(space, slos, simulator(inputs, slos, space, workload),

@@ -606,7 +606,8 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
                                          output_tokens=plan.shortest_output, slos=plan.slos,
                                          npus_per_instance=plan.space.npus_per_instance or 1)
         if inputs.screen == "model" and plan.engine in tune_sim.ENGINES:
-            screen = screens.combined(screen, screens.model_screen(_predictor(inputs, plan), plan.slos))
+            screen = screens.combined(screen, screens.model_screen(_predictor(inputs, plan), plan.slos,
+                                                                      budget=inputs.budget))
     try:
         tune.baseline()
         driver = search.Search(

@@ -72,33 +72,79 @@ def impossible(*, chip: str, model: str, prompt_tokens: int, output_tokens: int,
 # p90 (tests/engine/test_evaluate_live.py), so a candidate predicted to miss by more than that is not started.  On
 # real hardware the model's error has not been measured: `--screen roofline` measures all the bound allows.
 MODEL_TOLERANCE = 0.25
+# A prediction can be wrong where it matters most (bench/tune.py: on a fixed-batch target whose every feasible
+# configuration the model ruled out, a fully trusted screen scored 0 on every seed).  So the model screen is
+# bounded (guesses, Proposed): after this many rejections in a row the next candidate is measured anyway (the
+# sampler keeps proposing the region the model rules out; one restart tells which is right), and over a whole tune
+# it is consulted at most this many times per restart of the budget, after which candidates are only
+# roofline-screened.  The roofline is a bound, never wrong, and is not bounded.
+MODEL_MAX_REJECTED_IN_A_ROW = 8
+MODEL_CONSULTATIONS_PER_RESTART = 8
 
 # (candidate) -> (start-up failure message or None, the modelled metrics at the lowest load the tune probes)
 Predictor = Callable[[Candidate], tuple[str | None, dict | None]]
 
 
-def model_screen(predict: Predictor, slos: Sequence[slo_mod.Slo], *, tolerance: float = MODEL_TOLERANCE,
-                 startup: bool = True) -> Callable[[Candidate], str | None]:
+class ModelScreen:
     """A `Search` screen over dsctl's offline engine model (``predict``): a candidate is not started when the model
     says its engine stops at start-up (vLLM's memory arithmetic and argument checks; ``startup=False`` leaves those
     to the live health gate), or when, at the lowest load the tune would probe, its modelled value of an SLO exceeds
     the bound by more than ``tolerance`` (relative).  Unlike the roofline this is a prediction, not a bound: the
-    tolerance is the model error it allows."""
+    tolerance is the model error it allows, and the screen is bounded (``max_rejected_in_a_row``,
+    ``max_consultations``).  ``consulted``, ``rejected`` and ``overruled`` count what it did."""
 
-    def screen(candidate: Candidate) -> str | None:
-        failure, metrics = predict(candidate)
+    def __init__(self, predict: Predictor, slos: Sequence[slo_mod.Slo], *, tolerance: float = MODEL_TOLERANCE,
+                 startup: bool = True, max_rejected_in_a_row: int = MODEL_MAX_REJECTED_IN_A_ROW,
+                 max_consultations: int | None = None):
+        if max_rejected_in_a_row < 1 or (max_consultations is not None and max_consultations < 0):
+            raise ValueError("the model screen's bounds must be positive")
+        self.predict, self.slos, self.tolerance, self.startup = predict, slos, tolerance, startup
+        self.max_rejected_in_a_row, self.max_consultations = max_rejected_in_a_row, max_consultations
+        self.consulted = 0
+        self.rejected = 0
+        self.overruled = 0  # rejections not applied: the candidate ended a run of rejections and was measured
+        self._in_a_row = 0
+
+    def reason(self, candidate: Candidate) -> str | None:
+        """The model's verdict on ``candidate``, unbounded and uncounted."""
+        failure, metrics = self.predict(candidate)
         if failure is not None:
-            return f"model: the engine would not start: {failure.splitlines()[0]}" if startup else None
+            return f"model: the engine would not start: {failure.splitlines()[0]}" if self.startup else None
         if metrics is None:
             return None
-        verdict = slo_mod.judge(slos, metrics)
+        verdict = slo_mod.judge(self.slos, metrics)
         worst = max(verdict.checks, key=lambda check: check.margin)
-        if worst.margin > tolerance:
+        if worst.margin > self.tolerance:
             return (f"model: {worst.slo.key} predicted {worst.value:.4g} at the lowest load, over {worst.slo.label} "
-                    f"by more than {tolerance:.0%}")
+                    f"by more than {self.tolerance:.0%}")
         return None
 
-    return screen
+    def __call__(self, candidate: Candidate) -> str | None:
+        if self.max_consultations is not None and self.consulted >= self.max_consultations:
+            return None  # spent: from here on the measurement decides
+        self.consulted += 1
+        reason = self.reason(candidate)
+        if reason is None:
+            self._in_a_row = 0
+            return None
+        if self._in_a_row >= self.max_rejected_in_a_row:
+            self._in_a_row = 0
+            self.overruled += 1
+            return None
+        self._in_a_row += 1
+        self.rejected += 1
+        return reason
+
+    def summary(self) -> dict[str, int | None]:
+        return {"consulted": self.consulted, "rejected": self.rejected, "overruled": self.overruled,
+                "max_consultations": self.max_consultations}
+
+
+def model_screen(predict: Predictor, slos: Sequence[slo_mod.Slo], *, tolerance: float = MODEL_TOLERANCE,
+                 startup: bool = True, budget: int | None = None) -> ModelScreen:
+    """The model screen of a tune of ``budget`` restarts (consultations bounded per restart; None: unbounded)."""
+    limit = None if budget is None else MODEL_CONSULTATIONS_PER_RESTART * max(1, budget)
+    return ModelScreen(predict, slos, tolerance=tolerance, startup=startup, max_consultations=limit)
 
 
 def combined(*screens: Callable[[Candidate], str | None] | None) -> Callable[[Candidate], str | None]:
