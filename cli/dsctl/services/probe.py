@@ -9,6 +9,10 @@ A sweep (``sweep``, `dsctl.core.load.sweep`) runs one probe per load level in on
 level, the knee and a PNG plot in ``run_dir``. Its exit status is that of the first level that did not exit 0,
 leaving out SLO misses (past the knee an SLO is expected to be missed: each row says whether its level met it).
 
+With --tokenizer, one non-streamed request of one output token goes first, and the server's usage.prompt_tokens
+for its prompt is compared with the tokenizer's count (`check_tokenizer`): the result's ``tokenizer_check``, and a
+line in ``warnings`` when they disagree or the server gave no count.
+
 Progress records: ``dsctl_note`` (``msg``: what is probed), ``dsctl_probe_start`` (``total``: requests planned, or
 None; once per sweep level), ``dsctl_probe_request`` (``success``) per measured request.
 """
