@@ -1,6 +1,7 @@
 """The probe client against small OpenAI-compatible servers written here, each with one trait of a real server the
-emulated engine does not have: request ids validated as UUIDs, streams without usage and with empty keep-alive
-messages, streams that end without ``data: [DONE]``.  Loopback only; every run is bounded by ``asyncio.wait_for``.
+emulated engine does not have: request ids validated as UUIDs, streams without usage and with tokens of empty text
+(llama.cpp's server), streams that end without ``data: [DONE]``, a prompt count that is not the tokenizer's.
+Loopback only; every run is bounded by ``asyncio.wait_for``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import pytest
 
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, Target, Timeouts
 from dsctl.adapters.tokenizer import LocalTokenizer
+from dsctl.commands.probe import render
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
 from dsctl.errors import ExitStatus, UsageError
 from dsctl.services.probe import ProbeConfig, make_plan
 from dsctl.services.probe import probe as probe_verb
 from dsctl.services.runtime import HttpProber
 
-from ..unit.tokenizers_offline import word_level
+from ..unit.tokenizers_offline import byte_bpe, word_level
 from .test_engine_server import KEY, MODEL, Engine
 
 LIMIT_S = 20.0  # every test run ends well within this, or fails
@@ -47,7 +49,11 @@ class Server:
 
     respond: Callable[[Seen, dict, Writer], Awaitable[bool]]  # returns False to close the connection afterwards
     validate_uuid: bool = False
+    # a non-streamed request is answered with one JSON document whose usage.prompt_tokens is this count of its
+    # prompt (None: a document without usage)
+    count_prompt: Callable[[str], int] | None = None
     seen: list[Seen] = field(default_factory=list)
+    documents: list[dict] = field(default_factory=list)  # the non-streamed requests
     port: int = 0
 
     async def __aenter__(self) -> Server:
@@ -88,6 +94,11 @@ class Server:
                     await writer.drain()
                     continue
                 data = json.loads(body)
+                if not data.get("stream"):
+                    self.documents.append(data)
+                    writer.write(self._document(data))
+                    await writer.drain()
+                    continue
                 seen = Seen(request_id, int(data["max_tokens"]), response_id=f"cmpl-{uuid.uuid4().hex}")
                 self.seen.append(seen)
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -104,6 +115,16 @@ class Server:
             pass
         finally:
             writer.close()
+
+
+    def _document(self, data: dict) -> bytes:
+        doc: dict = {"id": "cmpl-doc", "object": "text_completion", "model": "m",
+                     "choices": [{"index": 0, "text": " w0", "finish_reason": "length"}]}
+        if self.count_prompt is not None:
+            prompt = self.count_prompt(str(data.get("prompt", "")))
+            doc["usage"] = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+        body = json.dumps(doc).encode()
+        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
 
 
 def _is_uuid(text: str) -> bool:
@@ -140,33 +161,56 @@ async def stream_with_usage(seen: Seen, data: dict, write: Writer) -> bool:
     return True
 
 
-async def stream_without_usage(seen: Seen, data: dict, write: Writer) -> bool:
-    """Completions: an empty first message, tokens each followed by an empty keep-alive message and an SSE
-    comment, a final empty message carrying finish_reason; no usage anywhere."""
-    await write(completion_chunk(seen, ""))
-    for i in range(seen.max_tokens):
-        await write(completion_chunk(seen, f" w{i}"))
-        seen.generated += 1
-        await write(completion_chunk(seen, ""))
-        await write(b": keep-alive\n\n")
-    await write(completion_chunk(seen, "", finish="length"))
-    await write(b"data: [DONE]\n\n")
-    await write(b"")
-    return True
+def llama_cpp_stream(honours_include_usage: bool) -> Callable[[Seen, dict, Writer], Awaitable[bool]]:
+    """Completions as llama.cpp's server streams them (tools/server/server-context.cpp process_token,
+    send_final_response): one message per generated token, its text empty while the server holds it back (every
+    third token here, as for a stop string that might be starting) and sent with the next token's; SSE comments
+    between; a last message with finish_reason and no text; a usage chunk only when asked for with
+    ``stream_options.include_usage`` and ``honours_include_usage``."""
+
+    async def respond(seen: Seen, data: dict, write: Writer) -> bool:
+        held = ""
+        for i in range(seen.max_tokens):
+            if i % 3 == 1 and i < seen.max_tokens - 1:
+                held += f" w{i}"
+                await write(completion_chunk(seen, ""))
+            else:
+                await write(completion_chunk(seen, held + f" w{i}"))
+                held = ""
+            seen.generated += 1
+            await write(b": keep-alive\n\n")
+        await write(completion_chunk(seen, "", finish="length"))
+        if honours_include_usage and (data.get("stream_options") or {}).get("include_usage"):
+            usage = USAGE % (8, seen.generated, 8 + seen.generated)
+            await write(b'data: {"id":"%s","object":"text_completion","choices":[],%s}\n\n'
+                        % (seen.response_id.encode(), usage))
+        await write(b"data: [DONE]\n\n")
+        await write(b"")
+        return True
+
+    return respond
+
+
+stream_without_usage = llama_cpp_stream(honours_include_usage=False)
 
 
 async def chat_without_usage(seen: Seen, data: dict, write: Writer) -> bool:
-    """Chat: the role-only first delta (with and without empty content), content deltas with empty ones between,
-    a reasoning delta, then an empty delta with finish_reason; no usage."""
+    """Chat: the role-only first delta (with and without empty content), a reasoning delta, content deltas of which
+    every third is empty (a token held back, sent with the next), then an empty delta with finish_reason; no
+    usage."""
     await write(chat_chunk(seen, {"role": "assistant"}))
     await write(chat_chunk(seen, {"role": "assistant", "content": ""}))
     await write(chat_chunk(seen, {"reasoning_content": "think"}))
     seen.generated += 1
+    held = ""
     for i in range(seen.max_tokens - 1):
-        await write(chat_chunk(seen, {"content": f"w{i} "}))
+        if i % 3 == 1 and i < seen.max_tokens - 2:
+            held += f"w{i} "
+            await write(chat_chunk(seen, {"content": ""}))
+        else:
+            await write(chat_chunk(seen, {"content": held + f"w{i} "}))
+            held = ""
         seen.generated += 1
-        await write(chat_chunk(seen, {"content": None}))
-        await write(chat_chunk(seen, {}))
     await write(chat_chunk(seen, {}, finish="length"))
     await write(b"data: [DONE]\n\n")
     await write(b"")
@@ -261,7 +305,7 @@ def test_a_request_id_header_name_that_is_not_a_token_is_refused(name):
 
 @pytest.mark.parametrize(("respond", "endpoint"), [(stream_without_usage, "completions"),
                                                    (chat_without_usage, "chat")])
-def test_without_usage_only_text_bearing_messages_count_as_tokens(respond, endpoint):
+def test_without_usage_every_token_message_counts_also_with_empty_text(respond, endpoint):
     async def main():
         async with Server(respond) as server:
             result = await probe(server, requests=6, endpoint=endpoint, max_tokens=7)
@@ -273,7 +317,7 @@ def test_without_usage_only_text_bearing_messages_count_as_tokens(respond, endpo
     for record in result.records:
         assert record.output_method == "chunks"
         assert record.output_len == generated[record.request_id] == 7
-        assert len(record.chunk_times) > record.output_len  # the empty messages were seen, and not counted
+        assert len(record.chunk_times) > record.output_len  # the opening / closing messages carry no token
     metrics = calculate_metrics(result.records, result.duration)
     assert metrics["total_output_tokens"] == sum(generated.values()) == 42
     assert metrics["output_tokens_counted_by"] == {"usage": 0, "tokenizer": 0, "chunks": 6}
@@ -451,12 +495,12 @@ def test_probes_running_at_once_in_several_threads_keep_their_bytes_apart(engine
 
 
 @contextmanager
-def server_in_thread(respond) -> Iterator[Server]:
+def server_in_thread(respond, **options) -> Iterator[Server]:
     """A Server on its own event loop in a thread, so the probe verb can run its own loop (bounded waits)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = Server(respond)
+    server = Server(respond, **options)
     asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(timeout=10)
     try:
         yield server
@@ -543,6 +587,55 @@ def test_the_probe_verb_counts_with_a_tokenizer_a_server_that_sends_no_usage_and
     assert all(line["text"] == texts[line["id"]] and line["output_counted_by"] == "tokenizer" for line in lines)
 
 
+@pytest.mark.parametrize(("honours", "exactness", "counted_by"), [
+    (False, "approximate", {"usage": 0, "tokenizer": 0, "chunks": 3}),
+    (True, "exact", {"usage": 3, "tokenizer": 0, "chunks": 0})])
+def test_the_probe_verb_says_whether_its_output_count_is_exact(honours, exactness, counted_by):
+    """The issue's acceptance: a server that streams tokens with empty text and no usage (llama.cpp's) is counted
+    by its token-carrying messages, every one of them, and said approximate; one that honours include_usage, exact."""
+    with server_in_thread(llama_cpp_stream(honours)) as server:
+        result = probe_verb(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{server.port}", model="m",
+                                                      concurrency=1, requests=3, output_tokens="7",
+                                                      prompt_tokens="8", timeout=20))
+    assert result.exit_status == ExitStatus.OK, result.errors
+    m = result.data["metrics"]
+    assert (m["output_tokens_count"], m["output_tokens_counted_by"]) == (exactness, counted_by)
+    assert m["total_output_tokens"] == sum(seen.generated for seen in server.seen) == 21  # 2 of 7 with empty text
+    assert result.data["tokenizer_check"] is None and result.data["warnings"] == [] and server.documents == []
+
+
+@pytest.mark.parametrize("server_counts", ["like the tokenizer", "unlike it", "not at all"])
+def test_the_tokenizer_is_checked_once_against_the_servers_own_prompt_count(tmp_path, server_counts, capsys):
+    words = word_level(tmp_path / "words")
+    counter = LocalTokenizer(words)
+    tokenizer = byte_bpe(tmp_path / "bpe") if server_counts == "unlike it" else words
+    count = None if server_counts == "not at all" else lambda text: counter.count(text) + 1  # and a BOS token
+    with server_in_thread(stream_with_usage, count_prompt=count) as server:
+        result = probe_verb(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{server.port}", model="m",
+                                                      concurrency=1, requests=2, warmup=1, output_tokens="3",
+                                                      prompt_tokens="40", tokenizer=tokenizer, timeout=20))
+    assert result.exit_status == ExitStatus.OK, result.errors
+    [doc] = server.documents  # one request, before the load: not streamed, one token
+    assert doc["max_tokens"] == 1 and doc["stream"] is False and "stream_options" not in doc
+    assert len(server.seen) == 3  # the warm-up and the measured requests, streamed
+    check, warnings = result.data["tokenizer_check"], result.data["warnings"]
+    render(result.data)
+    shown = capsys.readouterr()
+    if server_counts == "like the tokenizer":
+        assert check["agrees"] is True and check["server_tokens"] == check["tokenizer_tokens"] + 1 and not warnings
+        assert f"agrees (tokenizer {check['tokenizer_tokens']}, server " in shown.out and not shown.err
+    elif server_counts == "unlike it":
+        assert check["agrees"] is False and check["tokenizer_tokens"] > 2 * check["server_tokens"]
+        [warning] = warnings
+        assert f"counts {check['tokenizer_tokens']} tokens" in warning and f"as {check['server_tokens']} " in warning
+        assert "WARNING: disagrees" in shown.out and warning in " ".join(shown.err.split())
+    else:
+        assert check["agrees"] is None and check["server_tokens"] is None
+        [warning] = warnings
+        assert "could not be checked" in warning and "no usage.prompt_tokens" in warning
+        assert "not made" in shown.out
+
+
 def test_a_tokenizer_recount_of_chat_is_within_the_tokenizers_difference(tmp_path):
     async def main():
         async with Server(chat_without_usage) as server:
@@ -553,8 +646,9 @@ def test_a_tokenizer_recount_of_chat_is_within_the_tokenizers_difference(tmp_pat
     for record in result.records:
         assert record.text == "think" + "".join(f"w{i} " for i in range(6))
         record.tokenized_output = tok.count(record.text)
-        # "think" and "w0 " were two deltas but are one word: the tokenizer sees 6 tokens where 7 were streamed
-        assert record.output_method == "tokenizer" and abs(record.output_len - 7) <= 1
+        # "think" and "w0 " were two deltas but are one word: the tokenizer sees 6 tokens where 7 messages carried
+        # one each, and the larger count is kept
+        assert record.tokenized_output == 6 and (record.output_method, record.output_len) == ("chunks", 7)
 
 
 def test_without_keep_text_no_text_is_kept():

@@ -19,6 +19,7 @@ from dsctl.core.load.probe_metrics import (
     error_rate,
     parse_goodput,
     percentile,
+    prompt_count_check,
     summarize,
 )
 
@@ -118,18 +119,48 @@ def test_role_only_chat_chunk_is_the_first_token_as_in_vllm(monkeypatch):
     rec = replay([(0.01, HEAD), (0.02, _http_chunked(role)), (0.03, _http_chunked(end + b"data: [DONE]\n\n"))],
                  monkeypatch)
     assert rec.chunk_times == [0.02, 0.03] and rec.success and rec.ttft == pytest.approx(0.02)
-    assert rec.text_chunks == 0 and rec.output_len == 0 and rec.output_method == "chunks"  # no token in it
+    assert rec.token_messages == 0 and rec.output_len == 0 and rec.output_method == "chunks"  # no token in it
     assert rec.response_id == "c"
 
 
-def test_without_usage_text_messages_are_counted_and_empty_ones_are_not(monkeypatch):
+def test_without_usage_messages_with_and_without_text_count_and_the_empty_closing_one_does_not(monkeypatch):
+    # llama.cpp's server: one message per token, empty text while a token's text is held back, and a last
+    # message with finish_reason and no text
     body = (_chunk("") + _chunk("a") + _chunk("") + _chunk('\\"b') + b": keep-alive\n\n" + _chunk("", "length")
             + b"data: [DONE]\n\n")
     head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
     rec = replay([(0.01, head + body)], monkeypatch)
     assert rec.success and len(rec.chunk_times) == 5
-    assert rec.text_chunks == 2 and rec.output_len == 2 and rec.output_method == "chunks"
+    assert rec.token_messages == 4 and rec.output_len == 4 and rec.output_method == "chunks"
     assert rec.response_id == "cmpl-a"
+
+
+def test_a_tokenizer_recount_is_kept_only_when_it_is_not_below_the_message_count():
+    rec = RequestRecord("r", scheduled=0.0, sent=0.0, chunk_times=[0.1, 0.2, 0.3], token_messages=3, status=200)
+    rec.tokenized_output = 2  # text re-tokenised merges what was generated apart: the messages count more
+    assert (rec.output_method, rec.output_len) == ("chunks", 3)
+    rec.tokenized_output = 3
+    assert (rec.output_method, rec.output_len) == ("tokenizer", 3)
+
+
+@pytest.mark.parametrize(("tokenizer", "server", "agrees"), [
+    (100, 101, True), (100, 102, True), (100, 103, False),  # 2 tokens below 100
+    (500, 510, True), (500, 511, False), (520, 510, True),  # 2 % of the server's count above 100
+    (100, 500, False)])
+def test_the_tokenizer_check_tolerates_the_larger_of_2_tokens_and_2_percent(tokenizer, server, agrees):
+    check = prompt_count_check(tokenizer, server)
+    assert check["agrees"] is agrees and check["server_tokens"] == server
+    if agrees:
+        assert check["warning"] is None
+    else:
+        assert f"counts {tokenizer} tokens" in check["warning"] and f"as {server} (usage" in check["warning"]
+
+
+def test_the_tokenizer_check_says_when_it_could_not_be_made():
+    check = prompt_count_check(40, None, "the server's answer has no usage.prompt_tokens")
+    assert check["agrees"] is None and check["tolerance_tokens"] is None
+    assert check["warning"].startswith("--tokenizer could not be checked against the server: the server's answer")
+    assert "counts 40 tokens" in check["warning"]
 
 
 @pytest.mark.parametrize("reads, cls", [
@@ -424,7 +455,7 @@ def test_bad_percentiles_are_one_line(text, needle):
 
 
 def test_the_tokenizer_count_is_used_only_without_usage():
-    rec = RequestRecord("r", scheduled=0.0, sent=0.0, chunk_times=[0.1, 0.2, 0.3], text_chunks=3, status=200)
+    rec = RequestRecord("r", scheduled=0.0, sent=0.0, chunk_times=[0.1, 0.2, 0.3], token_messages=3, status=200)
     assert (rec.output_method, rec.output_len) == ("chunks", 3)
     rec.tokenized_output = 5
     assert (rec.output_method, rec.output_len) == ("tokenizer", 5)
@@ -434,7 +465,7 @@ def test_the_tokenizer_count_is_used_only_without_usage():
 
 
 def test_a_request_row_has_the_csv_fields_and_the_text_only_when_asked():
-    ok = RequestRecord("a", scheduled=1.0, sent=1.0, chunk_times=[1.1, 1.3], text_chunks=2, status=200,
+    ok = RequestRecord("a", scheduled=1.0, sent=1.0, chunk_times=[1.1, 1.3], token_messages=2, status=200,
                        prompt_tokens=7, text_parts=[" x", " y"])
     bad = RequestRecord("b", scheduled=2.0, sent=2.0, status=503, error=probe_metrics.ErrorClass.HTTP_5XX,
                         error_detail="HTTP 503", end=2.5)

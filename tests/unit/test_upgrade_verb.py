@@ -89,7 +89,7 @@ class Fleet:
         return None  # a real engine: no emulated time scale
 
     def probe(self, target, *, path, model, api_key, request_id_header, timeouts, load, warmup, body, backstop,
-              on_model, on_finish, lag_samples=None, keep_text=False):
+              on_model, on_finish, lag_samples=None, keep_text=False, preflight=None):
         name = {f"10.0.0.{i}": h for i, h in enumerate(HOSTS, 1)}[target.host]
         self.calls.append(("probe", name))
         ttft = 0.05 * self.slow_cann.get(self.hosts[name].cann, 1.0)
@@ -98,7 +98,8 @@ class Fleet:
             sent = index * 0.1
             chunks = [sent + ttft + 0.01 * k for k in range(8)]
             records.append(RequestRecord(request_id=str(index), scheduled=sent, sent=sent, chunk_times=chunks,
-                                         text_chunks=8, output_tokens=8, prompt_tokens=16, status=200, end=chunks[-1]))
+                                         token_messages=8, output_tokens=8, prompt_tokens=16, status=200,
+                                         end=chunks[-1]))
         on_model(model)
         return model, RunResult(records=records, warmup=[], duration=records[-1].end, started_wall=0.0,
                                 perf_to_wall=0.0, perf_to_wall_end=math.nan)

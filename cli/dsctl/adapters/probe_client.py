@@ -8,9 +8,9 @@ about what happens between a byte reaching the machine and its timestamp:
   a message but not its timestamp. Elsewhere, and for https, an ``asyncio.Protocol`` stamps
   ``time.perf_counter()`` first thing in ``data_received``.
 * Per message the client only de-chunks and splits SSE events with ``bytes.find``, recognises choice-bearing
-  messages with one regular expression and text-bearing ones with a second (the output length when the server
-  sends no usage); JSON is parsed only for the usage chunk (or an error event). Reads go into one preallocated
-  buffer (a fresh 256 KiB buffer per read costs more than the parsing).
+  messages with one regular expression and which of them carry a token with a few more (the output length
+  when the server sends no usage, `_Conn._events`); JSON is parsed only for the usage chunk (or an error
+  event). Reads go into one preallocated buffer (a fresh 256 KiB buffer per read costs more than the parsing).
 * Connections are kept alive and reused, as aiohttp's pool does for `vllm bench serve`; a request's clock starts
   just before a connection is taken from the pool (or opened), as vLLM's starts just before ``session.post``.
 
@@ -60,6 +60,8 @@ _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 # "reasoning_content" (vLLM) or "reasoning". Searched from the end of the "choices" match, so the keys of the
 # envelope before it never count. An empty string, null or a role-only delta does not match.
 _TEXT = re.compile(rb'"(?:text|content|reasoning_content|reasoning)"\s*:\s*"(?!")')
+# A chat delta that opens the stream with the role (vLLM's and llama.cpp's first message): no token in it.
+_ROLE = re.compile(rb'"role"\s*:')
 _ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 # A choice that ends: "finish_reason" with a string ("stop", "length", ...), not null.
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
@@ -478,12 +480,25 @@ class _Conn(asyncio.Protocol):
                     if found is not None:
                         rec.response_id = found.group(1).decode("utf-8", "replace")  # type: ignore[union-attr]
                 times.append(now)
+                # Which messages carry a token (the output length without usage). llama.cpp's server sends one
+                # message per generated token, with empty text while a token's text is held back (a stop string may
+                # be starting), then a last message with finish_reason and no text ("in stream mode, content and
+                # tokens are already in last partial chunk"): ggml-org/llama.cpp tools/server/server-context.cpp
+                # process_token, send_partial_response, send_final_response; tools/server/server-task.cpp
+                # server_task_result_cmpl_partial::to_json_oaicompat. So a message with text, or an empty one that
+                # neither opens a chat (role) nor closes the choice (finish_reason), is one token. Still a guess
+                # per message: llama.cpp sends no message for a token that ends inside a UTF-8 character, nor for a
+                # chat token that changes no delta, and vLLM merges tokens into one message for a slow reader.
                 if _TEXT.search(payload, match.end()) is not None:
-                    rec.text_chunks += 1  # type: ignore[union-attr]
+                    rec.token_messages += 1  # type: ignore[union-attr]
                     if rec.text_parts is not None:  # type: ignore[union-attr]
                         rec.text_parts.append(payload)  # type: ignore[union-attr]  # bytes until the run ends
-                if not self.finish_seen and _FINISH.search(payload, match.end()) is not None:
+                    if not self.finish_seen and _FINISH.search(payload, match.end()) is not None:
+                        self.finish_seen = True
+                elif _FINISH.search(payload, match.end()) is not None:
                     self.finish_seen = True
+                elif _ROLE.search(payload, match.end()) is None:
+                    rec.token_messages += 1  # type: ignore[union-attr]
                 if _USAGE_OBJECT.search(payload) is not None:
                     self._usage(payload, now)
             elif payload.strip() == b"[DONE]":
@@ -823,7 +838,7 @@ class ProbeClient:
             if conn.retry and attempt == 0 and not rec.cancelled:
                 rec.error, rec.error_detail, rec.status, rec.end = None, "", None, math.nan
                 rec.chunk_times.clear()
-                rec.text_chunks, rec.output_tokens, rec.response_id, rec.text_parts = 0, None, None, None
+                rec.token_messages, rec.output_tokens, rec.response_id, rec.text_parts = 0, None, None, None
                 rec.sent = time.perf_counter()
                 continue
             return None if stream else bytes(conn.body)
@@ -831,16 +846,23 @@ class ProbeClient:
 
     async def get_json(self, path: str, timeout: float | None = None) -> tuple[int, Any]:
         """GET a small JSON document. Raises ProbeError on connection trouble or timeout."""
-        rec = RequestRecord(request_id="", scheduled=time.perf_counter())
-        limit = min(timeout or self.timeouts.connect, self.timeouts.total)
+        return await self._document("GET", path, None, min(timeout or self.timeouts.connect, self.timeouts.total))
+
+    async def post_json(self, path: str, body: bytes) -> tuple[int, Any]:
+        """POST one non-streamed request (``body`` without ``"stream": true``) and parse its JSON answer (up to
+        1 MiB), within the total timeout of a request. Raises ProbeError on connection trouble or timeout."""
+        return await self._document("POST", path, body, self.timeouts.total)
+
+    async def _document(self, method: str, path: str, body: bytes | None, limit: float) -> tuple[int, Any]:
+        rec = RequestRecord(request_id=new_request_id() if body is not None else "", scheduled=time.perf_counter())
         try:
-            body = await asyncio.wait_for(self.send(rec, path, None, stream=False, method="GET"), limit + 1.0)
+            answer = await asyncio.wait_for(self.send(rec, path, body, stream=False, method=method), limit + 1.0)
         except TimeoutError:
             raise ProbeError(f"{self.target.url}{path}: no answer within {limit:g} s") from None
         if rec.error in (ErrorClass.CONNECTION, ErrorClass.TIMEOUT) or rec.status is None:
             raise ProbeError(f"cannot reach {self.target.url}: {rec.error_detail}")
         try:
-            return rec.status, json.loads(body) if body else None
+            return rec.status, json.loads(answer) if answer else None
         except ValueError:
             return rec.status, None
 
@@ -881,6 +903,17 @@ class RunResult:
     stopped: str | None = None  # early-stop reason
     backstop_hit: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    preflight: Preflight | None = None  # the one request sent before the load, when one was asked for
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The answer to one non-streamed request sent before the load (the --tokenizer check): the HTTP status and
+    JSON document, or why there is none (``error``)."""
+
+    status: int | None
+    document: Any
+    error: str = ""
 
 
 # body(index) -> (body bytes, planned prompt tokens); index < 0 marks warm-up requests.

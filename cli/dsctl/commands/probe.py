@@ -97,6 +97,9 @@ def render(data: dict[str, Any]) -> None:
         exactness = (" (approximate: the server did not send usage for every request)"
                      if m.get("output_tokens_count") == "approximate" else "")
         rows.append(["Output tokens counted by", counted + exactness])
+    check = data.get("tokenizer_check")
+    if check is not None:
+        rows.append(["Tokenizer check (prompt tokens)", _tokenizer_check(check)])
     ui.print_table("============ Serving Benchmark Result ============", ["metric", "value"], rows)
     names = [("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)"),
              ("client_queue_ms", "Client queue (ms)")]
@@ -120,6 +123,19 @@ def render(data: dict[str, Any]) -> None:
     if data["failure_examples"]:
         ui.print_table("Failed requests (first 5)", ["id", "class", "detail"],
                        [[e["id"], e["class"], e["detail"]] for e in data["failure_examples"]])
+    _warnings(data)
+
+
+def _tokenizer_check(check: dict[str, Any]) -> str:
+    both = f"tokenizer {check['tokenizer_tokens']}, server {_f(check['server_tokens'])}"
+    if check["agrees"] is None:
+        return f"not made ({both})"
+    return f"{'agrees' if check['agrees'] else 'WARNING: disagrees'} ({both}, tolerance {check['tolerance_tokens']:g})"
+
+
+def _warnings(data: dict[str, Any]) -> None:
+    for line in data.get("warnings") or ():
+        print(f"dsctl: warning: {line}", file=sys.stderr)
 
 
 def render_sweep(data: dict[str, Any]) -> None:
@@ -140,6 +156,7 @@ def render_sweep(data: dict[str, Any]) -> None:
         print(f"knee: {sw['kind']} {knee['level']:g} ({knee['rule']}; next step: latency "
               f"{_growth(knee['latency_growth'])}, throughput {_growth(knee['throughput_growth'])})")
     print(f"plot: {sw['plot']}")
+    _warnings(data)
 
 
 def _growth(value: Any) -> str:
@@ -216,7 +233,8 @@ def run(
     ] = False,
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="Local Hugging Face tokenizer dir (tokenizer.json): exact prompt lengths, and output "
-                            "re-counted from the text when the server sends no usage.")] = None,
+                            "re-counted from the text when the server sends no usage; checked once against the "
+                            "server's own prompt count (a warning when they disagree).")] = None,
     dataset: Annotated[Path | None, typer.Option(
         "--dataset", help="ShareGPT .json, or .jsonl of prompts (optional \"timestamp\" seconds: replay the trace).")
     ] = None,

@@ -46,11 +46,12 @@ class Prober(Protocol):
     def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None,
               request_id_header: str | None, timeouts: Timeouts,
               load: Load, warmup: int, body: BodyMaker, backstop: float, on_model: Callable[[str], None],
-              on_finish: FinishHook, lag_samples: list[float] | None = None, keep_text: bool = False
-              ) -> tuple[str, RunResult]:
+              on_finish: FinishHook, lag_samples: list[float] | None = None, keep_text: bool = False,
+              preflight: Callable[[str], bytes] | None = None) -> tuple[str, RunResult]:
         """Resolve the model (``model`` or the first of /v1/models), call ``on_model``, run the load;
-        return (model, result); ``keep_text`` keeps each request's generated text in its record. Raises DsctlError
-        when the server cannot be used at all."""
+        return (model, result); ``keep_text`` keeps each request's generated text in its record. ``preflight``
+        (model -> body): one non-streamed request sent to ``path`` before the load (and its warm-up), its answer in
+        ``result.preflight``. Raises DsctlError when the server cannot be used at all."""
         ...
 
     def engine_time_scale(self, target: Target, *, api_key: str | None, timeouts: Timeouts) -> float | None:

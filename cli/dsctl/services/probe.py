@@ -9,6 +9,10 @@ A sweep (``sweep``, `dsctl.core.load.sweep`) runs one probe per load level in on
 level, the knee and a PNG plot in ``run_dir``. Its exit status is that of the first level that did not exit 0,
 leaving out SLO misses (past the knee an SLO is expected to be missed: each row says whether its level met it).
 
+With --tokenizer, one non-streamed request of one output token goes first, and the server's usage.prompt_tokens
+for its prompt is compared with the tokenizer's count (`check_tokenizer`): the result's ``tokenizer_check``, and a
+line in ``warnings`` when they disagree or the server gave no count.
+
 Progress records: ``dsctl_note`` (``msg``: what is probed), ``dsctl_probe_start`` (``total``: requests planned, or
 None; once per sweep level), ``dsctl_probe_request`` (``success``) per measured request.
 """
@@ -28,7 +32,7 @@ from typing import Any
 
 from dsctl.adapters import output_paths, sweep_plot
 from dsctl.adapters.ansible_run import new_artifacts_dir
-from dsctl.adapters.probe_client import Load, RunResult, Target, Timeouts
+from dsctl.adapters.probe_client import Load, Preflight, RunResult, Target, Timeouts
 from dsctl.adapters.tokenizer import LocalTokenizer
 from dsctl.core.load import arrivals, dataset, limits, probe_metrics, sweep
 from dsctl.core.load.probe_metrics import RequestRecord, SloWatch
@@ -43,6 +47,7 @@ DEFINITIONS = ("vllm bench serve (vllm/benchmarks/serve.py::calculate_metrics): 
 DEFAULT_REQUESTS = 100
 REQUEST_ID_HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an RFC 9110 token
 WARMUP_BASE = 1_000_000_000  # workload indices of warm-up requests, so they never share a measured prompt
+PROMPT_CHECK_INDEX = WARMUP_BASE - 1  # the --tokenizer check's prompt: neither a measured nor a warm-up one
 
 
 @dataclass(frozen=True)
@@ -347,6 +352,8 @@ def summarize(cfg: ProbeConfig, plan: Plan, model: str, result: RunResult, watch
         "warmup": {"requests": len(result.warmup), "failed": warm_failed},
         "failure_examples": [{"id": r.request_id, "class": str(r.error), "detail": r.error_detail}
                              for r in failed[:5]],
+        "tokenizer_check": None,  # `check_tokenizer`, with --tokenizer
+        "warnings": [],  # what the numbers above may be wrong by, one sentence each
     }
     if cfg.save_text:
         data["requests"] = [{"id": r.request_id, "success": r.success, "output_tokens": r.output_len,
@@ -359,6 +366,40 @@ def recount(result: RunResult, count: Callable[[str], int]) -> None:
     for r in result.records:
         if r.output_tokens is None and r.text_parts is not None and r.success:
             r.tokenized_output = count(r.text or "")
+
+
+def prompt_check_request(cfg: ProbeConfig, plan: Plan, model: str) -> tuple[bytes, int]:
+    """The --tokenizer check's one request and the tokenizer's count of its prompt: a prompt of the workload that the
+    load does not send, not streamed, one output token (the server counts the prompt; nothing else matters)."""
+    assert plan.tokenizer is not None
+    planned = plan.workload.request(PROMPT_CHECK_INDEX)
+    body = request_body(cfg.endpoint, model, planned, ignore_eos=cfg.ignore_eos)
+    body.pop("stream_options", None)
+    body["stream"] = False
+    body["max_tokens"] = 1
+    if "max_completion_tokens" in body:
+        body["max_completion_tokens"] = 1
+    text = planned.prompt if planned.prompt is not None else " ".join(  # chat: the contents, as the workload counts
+        str(m.get("content", "")) for m in planned.messages or () if isinstance(m, dict))
+    return encode_body(body), plan.tokenizer.count(text)
+
+
+def check_tokenizer(answer: Preflight | None, tokenizer_tokens: int) -> dict[str, Any]:
+    """The server's usage.prompt_tokens from the check's answer against the tokenizer's count
+    (`probe_metrics.prompt_count_check`)."""
+    server: int | None = None
+    if answer is None:
+        detail = "the check request was not sent"
+    elif answer.status is None:
+        detail = answer.error
+    elif answer.status != 200:
+        detail = f"its request was answered HTTP {answer.status}"
+    else:
+        usage = answer.document.get("usage") if isinstance(answer.document, dict) else None
+        prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        server = prompt if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0 else None
+        detail = "the server's answer has no usage.prompt_tokens"
+    return probe_metrics.prompt_count_check(tokenizer_tokens, server, detail)
 
 
 def config_dict(cfg: ProbeConfig, plan: Plan) -> dict[str, Any]:
@@ -493,7 +534,8 @@ def modelled_result(result: RunResult, origin: float, scale: float) -> RunResult
 
 
 def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
-         lag_samples: list[float] | None = None) -> ProbeResult:
+         lag_samples: list[float] | None = None, *, tokenizer_check: bool = True) -> ProbeResult:
+    """One probe; ``tokenizer_check``: with --tokenizer, check it against the server's prompt count first."""
     watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned) if plan.bounds_ms else None
     scale = time_scale(prober, cfg, plan)
     origin = time.perf_counter()  # any fixed instant: modelled and wall differences agree from it
@@ -522,14 +564,28 @@ def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
         watch.add(modelled_record(rec, origin, scale))
         return watch.certainly_missed() if cfg.early_stop else None
 
+    counted: list[int] = []  # the tokenizer's count of the check's prompt, once it is built
+
+    def prompt_check(model: str) -> bytes:
+        request, tokens = prompt_check_request(cfg, plan, model)
+        counted.append(tokens)
+        return request
+
+    check = prompt_check if tokenizer_check and plan.tokenizer is not None else None
     model, result = prober.probe(plan.target, path=plan.path, model=cfg.model, api_key=cfg.api_key,
                                  request_id_header=cfg.request_id_header,
                                  timeouts=plan.timeouts, load=wall_load(plan.load, scale), warmup=cfg.warmup,
                                  body=body, backstop=_backstop(plan, scale),
                                  on_model=on_model, on_finish=on_finish,
-                                 lag_samples=lag_samples, keep_text=cfg.save_text or plan.tokenizer is not None)
+                                 lag_samples=lag_samples, keep_text=cfg.save_text or plan.tokenizer is not None,
+                                 preflight=check)
     outcome = summarize(cfg, plan, model, modelled_result(result, origin, scale), watch)
     outcome.data["config"]["time_scale"] = scale
+    if check is not None and counted:
+        verdict = check_tokenizer(result.preflight, counted[0])
+        outcome.data["tokenizer_check"] = verdict
+        if verdict["warning"]:
+            outcome.data["warnings"].append(verdict["warning"])
     return outcome
 
 
@@ -571,7 +627,7 @@ def run_sweep(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_prog
     results: list[ProbeResult] = []
     for i, (level, level_cfg, plan) in enumerate(plans, 1):
         progress({"event": "dsctl_note", "msg": f"sweep level {i}/{len(plans)}: {spec.kind} {level:g}"})
-        results.append(_run(prober, level_cfg, plan, progress))
+        results.append(_run(prober, level_cfg, plan, progress, tokenizer_check=i == 1))  # once per sweep
     keys = [probe_metrics.percentile_key(p) for p in plans[0][2].percentiles]
     rows = []
     for (level, _, _), outcome in zip(plans, results, strict=True):
@@ -589,6 +645,8 @@ def run_sweep(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_prog
                   "run_dir": str(run_dir), "plot": str(run_dir / SWEEP_PLOT), "json": str(run_dir / SWEEP_JSON)},
         "levels": [{"level": level, **{k: o.data[k] for k in ("metrics", "slo", "warmup", "failure_examples")}}
                    for (level, _, _), o in zip(plans, results, strict=True)],
+        "tokenizer_check": results[0].data["tokenizer_check"],
+        "warnings": [w for o in results for w in o.data["warnings"]],
     }
     runs = [(level, o.result) for (level, _, _), o in zip(plans, results, strict=True)]
     try:

@@ -11,7 +11,7 @@ from typing import Any
 
 from dsctl.adapters import ansible_run
 from dsctl.adapters.inventory import VaultOptions
-from dsctl.adapters.probe_client import Load, ProbeClient, ProbeError, ProbeRun, RunResult, Target, Timeouts
+from dsctl.adapters.probe_client import Load, Preflight, ProbeClient, ProbeError, ProbeRun, RunResult, Target, Timeouts
 from dsctl.errors import DsctlError, UsageError
 from dsctl.services.ports import BodyMaker, FinishHook, ProgressSink
 
@@ -79,13 +79,19 @@ class HttpProber:
     def probe(self, target: Target, *, path: str, model: str | None, api_key: str | None,
               request_id_header: str | None, timeouts: Timeouts,
               load: Load, warmup: int, body: BodyMaker, backstop: float, on_model: Callable[[str], None],
-              on_finish: FinishHook, lag_samples: list[float] | None = None, keep_text: bool = False
-              ) -> tuple[str, RunResult]:
+              on_finish: FinishHook, lag_samples: list[float] | None = None, keep_text: bool = False,
+              preflight: Callable[[str], bytes] | None = None) -> tuple[str, RunResult]:
         async def main() -> tuple[str, RunResult]:
             async with ProbeClient(target, api_key=api_key, timeouts=timeouts, lag_samples=lag_samples,
                                    request_id_header=request_id_header, keep_text=keep_text) as client:
                 resolved = await _resolve_model(client, model)
                 on_model(resolved)
+                answer = None
+                if preflight is not None:
+                    try:
+                        answer = Preflight(*await client.post_json(path, preflight(resolved)))
+                    except ProbeError as exc:  # the load that follows says whether the server is usable
+                        answer = Preflight(None, None, str(exc))
 
                 def finished(rec) -> None:
                     reason = on_finish(rec)
@@ -94,6 +100,8 @@ class HttpProber:
 
                 run = ProbeRun(client, path, lambda index: body(resolved, index), load, warmup=warmup,
                                on_finish=finished)
-                return resolved, await run.run(backstop=backstop)
+                result = await run.run(backstop=backstop)
+                result.preflight = answer
+                return resolved, result
 
         return asyncio.run(main())

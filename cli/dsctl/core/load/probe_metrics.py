@@ -8,13 +8,18 @@ Definitions (vllm-project/vllm `vllm/benchmarks/lib/endpoint_request_func.py`,
 * ITL   = every gap between consecutive choice-bearing messages; statistics are over the flattened list of the
           gaps of all successful requests.
 * E2EL  = last choice-bearing message - sent (the trailing usage-only chunk does not extend it).
-* Output length = ``usage.completion_tokens`` when the server returned it (method "usage"), otherwise the
-          generated text re-tokenised with ``--tokenizer`` when one was given (method "tokenizer", as vLLM
-          re-tokenises), otherwise the number of text-bearing messages (method "chunks"): a message counts when its
-          ``text`` / ``delta.content`` / ``delta.reasoning_content`` is a non-empty string, so keep-alive messages
-          with empty text and a chat stream's role-only first delta count for TTFT (as in vLLM) but not as tokens.
-          Without a tokenizer, counting messages is exact for engines that stream one token per message (all of
-          them unless speculative decoding or server-side batching of deltas is on).
+* Output length = ``usage.completion_tokens`` when the server returned it (method "usage", exact: the probe
+          asks for it with ``stream_options.include_usage``), otherwise the number of token-carrying messages
+          (method "chunks"): every choice-bearing message with text, and every one with empty text that neither
+          opens a chat stream (its role-only first delta) nor closes the choice (an empty message with
+          finish_reason), since llama.cpp's server streams tokens whose text it holds back with empty text (the
+          client's `_Conn._events` cites the source); with ``--tokenizer`` the generated text re-tokenised (method
+          "tokenizer", as vLLM re-tokenises) when that is more. Both are lower bounds of a kind, not counts: a
+          server may put several tokens in one message (vLLM does for a slow reader, as does speculative
+          decoding) or send none for a token (llama.cpp, inside a UTF-8 character), and re-tokenising text
+          merges what was generated apart; so without usage the count is "approximate". The probe does not ask for
+          logprobs or token ids, the per-token signals that would make it exact: they add work to every decode
+          step of the server being measured (inferred).
 * TPOT  = (E2EL - TTFT) / (output_len - 1), only for requests with output_len > 1; for goodput such requests
           count as TPOT = 0.
 * Success = HTTP 200, at least one choice-bearing message and the stream's closing ``data: [DONE]``.  A stream
@@ -69,7 +74,7 @@ class RequestRecord:
     scheduled: float  # when the arrival process released the request
     sent: float = math.nan  # immediately before the request bytes were written (vLLM's ``st``)
     chunk_times: list[float] = field(default_factory=list)  # arrival of each choice-bearing SSE message
-    text_chunks: int = 0  # choice-bearing messages whose text is not empty (the "chunks" token count)
+    token_messages: int = 0  # choice-bearing messages that carry a token (the "chunks" count; see the module)
     output_tokens: int | None = None  # usage.completion_tokens, when returned
     prompt_tokens: int = 0  # usage.prompt_tokens when returned, else the planned prompt length
     status: int | None = None  # HTTP status
@@ -98,16 +103,20 @@ class RequestRecord:
     @property
     def output_method(self) -> str:
         """How ``output_len`` was counted: "usage" (the server's completion_tokens), "tokenizer" (the generated text
-        re-tokenised) or "chunks" (text-bearing messages)."""
+        re-tokenised, when that is at least the message count) or "chunks" (token-carrying messages)."""
         if self.output_tokens is not None:
             return "usage"
-        return "tokenizer" if self.tokenized_output is not None else "chunks"
+        if self.tokenized_output is not None and self.tokenized_output >= self.token_messages:
+            return "tokenizer"
+        return "chunks"
 
     @property
     def output_len(self) -> int:
         if self.output_tokens is not None:
             return self.output_tokens
-        return self.tokenized_output if self.tokenized_output is not None else self.text_chunks
+        if self.tokenized_output is not None:
+            return max(self.tokenized_output, self.token_messages)
+        return self.token_messages
 
     @property
     def text(self) -> str | None:
@@ -261,8 +270,8 @@ def calculate_metrics(records: Sequence[RequestRecord], duration: float,
     Beyond vLLM's set: ``errors`` (`error_rate` against ``max_error_rate``), ``output_tokens_counted_by``
     (how many successful requests were counted by each method of `RequestRecord.output_method`) and
     ``output_tokens_count``: "exact" when the server's usage counted every successful request, else "approximate"
-    (text-bearing messages undercount a server that streams tokens with empty text, several tokens per message or
-    none; a tokenizer re-count is only as good as its match with the server's), None without a success."""
+    (token-carrying messages miss the tokens of a server that merges several into one message or sends none for
+    some; a tokenizer re-count is only as good as its match with the server's), None without a success."""
     errors = error_rate(records, max_error_rate)
     ok = [r for r in records if r.success]
     failed = [r for r in records if not r.success and not r.cancelled]
@@ -305,6 +314,38 @@ def calculate_metrics(records: Sequence[RequestRecord], duration: float,
         "output_tokens_count": None if not ok else "exact" if counted_by["usage"] == len(ok) else "approximate",
         "errors": errors,
     }
+
+
+# -- --tokenizer against the server's own prompt count -------------------------------------------------------
+
+# How far the server's usage.prompt_tokens may be from the tokenizer's count of the same prompt text and still
+# agree: the tokenizer counts the text alone, while the server adds a BOS token and, for chat, its template's role
+# markers (a few tokens). max(2 tokens, 2 % of the server's count) is inferred, not sourced: a wrong tokenizer
+# (another model family) is off by far more (5x measured in issue 21), a matching one by the BOS and template only.
+PROMPT_CHECK_TOKENS = 2
+PROMPT_CHECK_SHARE = 0.02
+
+
+def prompt_count_check(tokenizer_tokens: int, server_tokens: int | None, detail: str = "") -> dict[str, Any]:
+    """Compare the tokenizer's count of one prompt with the server's (None: the server gave none, ``detail`` says
+    why). ``agrees`` is None when the check could not be made; ``warning`` is a sentence naming both numbers when
+    they disagree or when the check could not be made, else None."""
+    out: dict[str, Any] = {"tokenizer_tokens": tokenizer_tokens, "server_tokens": server_tokens,
+                           "tolerance_tokens": None, "agrees": None, "warning": None}
+    if server_tokens is None:
+        out["warning"] = (f"--tokenizer could not be checked against the server: {detail or 'no usage.prompt_tokens'}"
+                          f" (the tokenizer counts {tokenizer_tokens} tokens in the check's prompt)")
+        return out
+    tolerance = max(float(PROMPT_CHECK_TOKENS), PROMPT_CHECK_SHARE * server_tokens)
+    out["tolerance_tokens"] = tolerance
+    out["agrees"] = abs(server_tokens - tokenizer_tokens) <= tolerance
+    if not out["agrees"]:
+        out["warning"] = (f"--tokenizer counts {tokenizer_tokens} tokens in a prompt the server counts as "
+                          f"{server_tokens} (usage.prompt_tokens), more than the {tolerance:g} tokens (the larger of "
+                          f"{PROMPT_CHECK_TOKENS} and {PROMPT_CHECK_SHARE:.0%}) a BOS token and a chat template add: "
+                          "it is likely not the served model's tokenizer, so prompt lengths and output counts made "
+                          "with it are off")
+    return out
 
 
 CSV_FIELDS = ("id", "sent", "ttft_ms", "e2el_ms", "tpot_ms", "prompt_tokens", "output_tokens", "output_counted_by",
