@@ -160,7 +160,7 @@ def _plan_fixed(c: EngineConfig, d: Any, keep: float, max_model_len: int, batche
     if perfmodel.weights_bytes(d) / d.chips > total:
         raise StartupFailure(perfmodel._oom_message(d), "weights")
     free = total * c.gpu_memory_utilization - perfmodel.weights_bytes(d) / d.chips - \
-        perfmodel.reserved_bytes(d, c.enforce_eager)
+        perfmodel.reserved_bytes(d, c.enforce_eager) - c.stream_num * perfmodel.STREAM_WORKSPACE_GB * perfmodel.GB
     G = perfmodel.GIB
     if kv_bytes > free:
         raise StartupFailure(
