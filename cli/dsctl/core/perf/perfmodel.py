@@ -58,7 +58,9 @@ HOST_LINK_GBS = 32.0
 # few rows (tokens); other streams' steps can use it.  stream_occupancy(rows) = STREAM_OCCUPANCY_MIN + (1 -
 # STREAM_OCCUPANCY_MIN) x rows / (rows + STREAM_OCCUPANCY_HALF_ROWS).  Each further stream in its device part slows
 # all of them by STREAM_CONTENTION (HBM and cache interference, the runtime switching between streams' tasks);
-# every stream holds STREAM_WORKSPACE_GB of its own workspace.  Sources and guesses in stream_occupancy().
+# every stream holds STREAM_WORKSPACE_GB of its own workspace (a guess: its task resources -- AscendCL's
+# aclrtCreateStreamWithConfig fast-launch streams pre-allocate them "at a memory cost" -- and its own operator
+# workspace; the field guide's ASCEND_WORKSPACE_SIZE is 1 GB for a whole process).  Sources in stream_occupancy().
 STREAM_OCCUPANCY_MIN = 0.6
 STREAM_OCCUPANCY_HALF_ROWS = 8.0
 STREAM_CONTENTION = 0.05
