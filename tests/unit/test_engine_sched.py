@@ -196,7 +196,8 @@ def test_fixed_batch_streams_trade_first_token_throughput_and_token_latency():
 
     light = {streams: run(1, streams) for streams in (1, 2, 4)}
     heavy = {streams: run(4, streams) for streams in (1, 2, 4)}
-    assert light[4][0] < light[1][0] / 2 and light[4][1] > 2 * light[1][1], light
+    # ITL up by less than the stream count: a batch of 4 leaves part of the chip idle for the others to fill
+    assert light[4][0] < light[1][0] / 2 and 1.3 * light[1][1] < light[4][1] < 2 * light[1][1], light
     assert heavy[2][2] > heavy[1][2] * 1.1 and heavy[2][2] > heavy[4][2], heavy
     assert heavy[2][0] < heavy[4][0] < heavy[1][0], heavy  # at load, 2 streams beat both corners on TTFT
 
@@ -220,7 +221,7 @@ def test_continuous_batching_has_no_streams():
 
 
 def test_kv_sparsity_makes_decode_faster_and_the_cache_larger():
-    sparse = deployment(kv_keep_fraction=pm.kv_keep_fraction(0.5))
+    sparse = deployment(kv_keep_fraction=pm.kv_keep_fraction(0.15))  # the guide's threshold
     assert pm.check_fits(sparse, 8192) > CAPACITY
     dense_done = simulate(scheduler(), [Request(f"r{i}", 4000, 200) for i in range(64)])
     sparse_done = simulate(scheduler(sparse, pm.check_fits(sparse, 8192)),

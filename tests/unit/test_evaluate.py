@@ -65,7 +65,7 @@ def test_sparsity_trades_memory_for_agreement_with_the_guides_anchor():
 
 
 def test_no_single_corner_wins():
-    """engine_sched's docstring table: the best fixed-batch configuration for three SLO/load pairs."""
+    """engine_sched's docstring: the best fixed-batch configuration for three SLO/load pairs."""
     names = list(GRID)
     configs = [FIXED.with_(**dict(zip(names, values, strict=True))) for values in itertools.product(*GRID.values())]
     winners = []
@@ -83,3 +83,52 @@ def test_continuous_batching_meets_what_fixed_batches_cannot():
     assert target.meets(run_target(EngineConfig(MODEL, mode=CONTINUOUS, max_model_len=4096), target, WORKLOAD, 100))
     assert not any(target.meets(run_target(FIXED.with_(batch_size=b, stream_num=s), target, WORKLOAD, 100))
                    for b, s in ((4, 4), (16, 2), (64, 1)))
+
+
+def test_streams_pay_where_throughput_binds_not_where_latency_binds():
+    """Fixed batch of 8 per stream: a second and third stream fill the chip a batch of 8 leaves idle and hide host
+    work; past that, each further stream only adds contention (engine_sched's docstring table)."""
+    batch8 = FIXED.with_(batch_size=8)
+    throughput_bound = Target("tpot p99 <= 60 ms at 8 req/s", 8.0, {"tpot": 60.0})
+    sweep = {s: run_target(batch8.with_(stream_num=s), throughput_bound, WORKLOAD, 200) for s in range(1, 9)}
+    throughput = {s: e.metrics["request_throughput"] for s, e in sweep.items()}
+    best_streams = max(throughput, key=throughput.get)
+    assert 1 < best_streams < 8, throughput  # interior: neither 1 nor the tune space's maximum (8)
+    assert throughput[best_streams] > 1.3 * throughput[1] and throughput[best_streams] > 1.15 * throughput[8]
+    assert best(list(sweep.values()), throughput_bound).config.stream_num == best_streams
+    tpots = [sweep[s].value("tpot") for s in range(1, 9)]
+    assert tpots == sorted(tpots)  # every stream added slows every stream's steps
+    latency_bound = Target("tpot p99 <= 20 ms at 1 req/s", 1.0, {"tpot": 20.0})
+    meeting = [s for s in (1, 2, 3, 8) if latency_bound.meets(run_target(batch8.with_(stream_num=s), latency_bound,
+                                                                          WORKLOAD, 100))]
+    assert meeting == [1]
+
+
+def test_long_context_sparsity_is_best_at_a_moderate_threshold():
+    """32K-64K prompts: sparsity frees KV (a config that cannot run unsparsified runs) and decode reads, recalls of
+    dropped pairs grow faster than the reads saved, and the agreement floor refuses 0.20."""
+    long_context = Workload(LengthSpec.parse("uniform:32000:64000"), LengthSpec.parse("uniform:1024:2048"), seed=0)
+    config = FIXED.with_(batch_size=2, stream_num=3, max_model_len=68000, alloc_conf="expandable_segments:True")
+    target = Target("tpot p99 <= 100 ms, agreement >= 0.9", 2.0, {"tpot": 100.0})
+    thresholds = (0.0, 0.05, 0.10, 0.15, 0.20)
+    sweep = {t: run_target(config.with_(kv_sparse_threshold=t), target, long_context, 12) for t in thresholds}
+    passing = [t for t in thresholds if target.meets(sweep[t])]
+    assert passing == [0.0, 0.05, 0.10, 0.15]  # 0.15 is the loosest the agreement floor passes
+    winner = best(list(sweep.values()), target).config.kv_sparse_threshold
+    assert winner not in (0.0, passing[-1]), {t: target.goodput(e) for t, e in sweep.items()}
+    # memory: four streams of two 68K slots need sparsity to run at all
+    four_streams = [run_target(config.with_(stream_num=4, kv_sparse_threshold=t), target, long_context, 8).ok
+                    for t in (0.0, 0.10)]
+    assert four_streams == [False, True]
+
+
+def test_a_128k_prefill_is_not_blocked_by_a_materialised_mask():
+    """The fixed-batch prefill's attention is fused (torch_npu npu_fusion_attention's compressed 2048 x 2048 mask):
+    a 128K prompt needs its activations, not a 32 GiB prompt x prompt mask."""
+    d = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name(MODEL))
+    fused = pm.step_activation_bytes(d, 131000, 1, 131000, 131000, fused_mask=True)
+    assert fused - 131000 * pm.activation_bytes_per_token(d) - pm.logits_bytes(d, 1) == pm.FUSED_ATTENTION_MASK_BYTES
+    prompts = Workload(LengthSpec.parse("uniform:120000:126000"), LengthSpec.parse("uniform:16:64"), seed=0)
+    result = evaluate(FIXED.with_(batch_size=1, stream_num=1, max_model_len=131072,
+                                  alloc_conf="expandable_segments:True"), prompts, ArrivalSpec(rate=1), 3)
+    assert result.ok, result.message

@@ -244,7 +244,11 @@ def test_kv_sparsity_shrinks_kv_bytes_and_decode_time():
     keep = kv_keep_fraction(0.5)
     dense, sparse = Deployment(B3, QWEN7B), Deployment(B3, QWEN7B, kv_keep_fraction=keep)
     assert kv_capacity_tokens(sparse) == pytest.approx(kv_capacity_tokens(dense) / keep, rel=1e-4)
-    assert decode_step_seconds(sparse, 64, 64 * 8000) < decode_step_seconds(dense, 64, 64 * 8000)
+    # decode is fastest at a moderate threshold: at 0.5 the recalls of dropped pairs over the host link cost more
+    # than the reads they save (perfmodel.kv_recall_bytes)
+    guide = Deployment(B3, QWEN7B, kv_keep_fraction=kv_keep_fraction(0.15))
+    times = [decode_step_seconds(d, 64, 64 * 8000) for d in (dense, guide, sparse)]
+    assert times[1] < times[0] and times[1] < times[2]
 
 
 def test_startup_loads_every_weight_byte():

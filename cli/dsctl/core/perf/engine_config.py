@@ -14,8 +14,10 @@ words where a real one stops:
      full-length request;
    * fixed-batch (the CANN 8.0 practice, ``--batch-size B --stream-num S``, Proposed): no profiling run;
      the engine reserves KV for S x B full-length requests at start-up (the guide's
-     ``--max_input_len``), and fails with torch_npu's out-of-memory words when that does not fit; what
-     is left serves the activations.
+     ``--max_input_len``) and every stream its workspace (``perfmodel.STREAM_WORKSPACE_GB``, a guess:
+     per-stream task resources, which AscendCL's fast-launch streams pre-allocate at a memory cost, and
+     each stream's own activation workspace), and fails with torch_npu's out-of-memory words when that does
+     not fit; what is left serves the activations.
 4. the allocator limit under load from PYTORCH_NPU_ALLOC_CONF (``perfmodel.allocator_share``): the
    scheduler raises OutOfMemory when a step needs more.
 """
@@ -160,7 +162,7 @@ def _plan_fixed(c: EngineConfig, d: Any, keep: float, max_model_len: int, batche
     if perfmodel.weights_bytes(d) / d.chips > total:
         raise StartupFailure(perfmodel._oom_message(d), "weights")
     free = total * c.gpu_memory_utilization - perfmodel.weights_bytes(d) / d.chips - \
-        perfmodel.reserved_bytes(d, c.enforce_eager)
+        perfmodel.reserved_bytes(d, c.enforce_eager) - c.stream_num * perfmodel.STREAM_WORKSPACE_GB * perfmodel.GB
     G = perfmodel.GIB
     if kv_bytes > free:
         raise StartupFailure(
@@ -170,7 +172,8 @@ def _plan_fixed(c: EngineConfig, d: Any, keep: float, max_model_len: int, batche
     left = free - kv_bytes
     limit = perfmodel.activation_limit_bytes(d, left, share)
     log = [f"fixed-batch engine: {c.stream_num} streams x batch {batch}, KV reserved for {slots} x {max_model_len} "
-           f"tokens ({kv_bytes / G:.2f} GiB), {left / G:.2f} GiB left for activations"]
+           f"tokens ({kv_bytes / G:.2f} GiB), stream workspace {c.stream_num * perfmodel.STREAM_WORKSPACE_GB:.2f} GB, "
+           f"{left / G:.2f} GiB left for activations"]
     return EnginePlan(c, d, keep, max_model_len, batched, batch, capacity, kv_bytes, left, limit, startup, log)
 
 

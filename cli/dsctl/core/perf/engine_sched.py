@@ -36,32 +36,54 @@ below are Proposed (no public source documents the engine's internals):
   waits for a stream to drain: head-of-line blocking, TTFT up).
 * The batch's prompts are prefilled together in one step (no chunking), then it decodes as one fixed
   shape: a finished request's slot stays in the batch as padding, so every decode step costs the formed
-  batch size until the longest request ends.
+  batch size until the longest request ends.  The prefill's attention runs a fused kernel with the
+  compressed 2048 x 2048 causal mask (``perfmodel.FUSED_ATTENTION_MASK_BYTES``; torch_npu's
+  npu_fusion_attention), not a materialised prompt x prompt mask, so a 128K prompt is limited by its
+  activations (prompt tokens x ``perfmodel.activation_bytes_per_token``), not by a 32 GiB mask.
 * A stream step is a host part -- the fixed per-step overhead (``perfmodel.overhead_seconds``) plus
   ``host_ms_per_seq`` per sequence (sampling, detokenising, the script's Python), which vLLM V1 overlaps
   with the device but a CANN 8.0 stream runs between its device steps -- followed by a device part (the
-  rest of ``step_seconds``).  Host parts of different streams run in parallel; device parts share the
-  chip equally (processor sharing: with k streams in their device part, each progresses at 1/k).
-* Trade-offs this makes visible: more streams hide host work behind other streams' device work and drain
-  a batch more often (throughput and TTFT better), but each stream re-reads the weights it touches and
-  shares the device (ITL worse, and beyond the host share throughput falls again); a larger batch
-  amortises the weights (throughput) but waits longer to drain and pads more (TTFT, ITL).
+  rest of ``step_seconds``, the time the step takes when its stream runs alone).  Host parts of different
+  streams run in parallel.  Device parts run concurrently (AscendCL: "different streams execute their tasks
+  concurrently"): a step of few rows leaves part of the chip idle (``perfmodel.stream_occupancy``, a guess
+  after NVIDIA MPS measurements), which other streams fill; once the occupancies of the streams in their
+  device part add up to more than 1 they share the chip in proportion, and every further stream costs a
+  contention share (``perfmodel.stream_rates``).  Every stream holds its own workspace
+  (``perfmodel.STREAM_WORKSPACE_GB``, engine_config).
+* Trade-offs this makes visible: a second and third stream hide host work and fill the cube units a small
+  batch leaves idle, and drain a batch more often (throughput and TTFT better), at the price of ITL (each
+  stream's step is slower while others run) and memory; past the point where the streams fill the chip,
+  each further stream only adds contention and re-reads the weights (throughput falls again).  So the best
+  ``stream_num`` for throughput is interior and 1 wins where latency binds: R1-Distill-Qwen-7B on one 910B3,
+  batch 8 per stream, prompts uniform 64-1024, outputs 16-192, 200 Poisson requests at 8 req/s, tpot p99
+  <= 60 ms (tests/unit/test_evaluate.py::test_streams_pay_where_throughput_binds_not_where_latency_binds):
 
-No single corner of (B, S, threshold) wins.  From the offline evaluator (dsctl.core.perf.evaluate; R1-Distill-
-Qwen-7B on one 910B3, prompts uniform 64-1024, outputs uniform 16-192, 100 Poisson requests, seed 0, output
-agreement >= 0.9 required) over B in {1, 4, 16, 64} x S in {1, 2, 8} x threshold in {0, 0.15, 0.5}; corners
-are the extremes of each axis (tests/unit/test_evaluate.py::test_no_single_corner_wins reproduces it):
+      stream_num        1     2     3     4     5     6     7     8
+      throughput/s   2.22  3.08  3.19  3.08  2.92  2.80  2.65  2.56
+      tpot p99 ms      18    27    38    52    65    82    99   117
 
-    SLO / load                      meet  best (B, S, t)    goodput   at the best      best corner
-    itl  p99 <= 20 ms at 1 req/s       8  (4, 1, 0.15)      0.97/s    itl  17.0 ms     (64, 1, 0): 0.97/s, 18 ms
-    e2el p99 <= 15 s  at 1 req/s      12  (16, 1, 0.15)     0.97/s    e2el 5.92 s      (64, 1, 0): 0.97/s, 5.93 s
-    tpot p99 <= 60 ms at 4 req/s      16  (64, 2, 0.15)     3.28/s    tpot 33 ms       (64, 1, 0): 3.12/s, 23 ms
+  and only one stream meets tpot p99 <= 20 ms.  Capacity (the highest of 0.5, 0.75, ... 6 req/s meeting
+  tpot p99 <= 60 ms and ttft p99 <= 10 s) by stream_num 1-8: batch 8: 2.25, 3.5, 3.5, 3.25, 1.75, 0.5, 0.5,
+  0.5; batch 16: 3.75, 5.5, 6.0, 5.0, 1.5, 0.5, 0.5, 0.5.
 
-Threshold 0.5 never qualifies (agreement 0.68); (64, 8, 0) does not start (512 full-length KV slots do not
-fit); 8 streams of one request each re-read the weights 8 times (ITL 103 ms).  No fixed-batch
-configuration meets ttft p99 <= 200 ms at 4 req/s: a request waits for a batch to drain.
+Over B in {1, 4, 16, 64} x S in {1, 2, 8} x threshold in {0, 0.15, 0.5} no corner of the grid wins
+(tests/unit/test_evaluate.py::test_no_single_corner_wins, prompts 64-1024, 100 Poisson requests): itl p99
+<= 20 ms at 1 req/s -> (4, 1, 0.15); e2el p99 <= 15 s at 1 req/s -> (16, 1, 0.15); tpot p99 <= 60 ms at
+4 req/s -> (64, 2, 0.15).  No fixed-batch configuration meets ttft p99 <= 200 ms at 4 req/s: a request
+waits for a batch to drain.
 
 Knobs with an effect (sources and Proposed rules):
+
+* ``kv_sparse_threshold`` (through ``Deployment.kv_keep_fraction``): less KV reserved per slot (more slots or
+  more activation room for long prompts), fewer KV bytes and attention FLOPs per decode step, but recalls of
+  dropped pairs from the host (``perfmodel.kv_recall_bytes``, a guess) that grow as dropped^2 and an output
+  agreement that falls (``perfmodel.divergence_probability``).  On long contexts the fastest threshold is
+  interior; R1-Distill-Qwen-7B, prompts uniform 32K-64K, outputs 1K-2K, batch 2 x 3 streams, 12 requests
+  (tests/unit/test_evaluate.py::test_long_context_sparsity_is_best_at_a_moderate_threshold):
+  threshold 0 / 0.05 / 0.10 / 0.15 / 0.20 -> 0.04286 / 0.04345 / 0.04356 / 0.04339 / 0.04306 req/s; 0.20 fails
+  the 0.9 agreement floor, and batch 2 x 4 streams runs only with sparsity (unsparsified, its long prefills
+  run out of activation memory).  The gain is small (~2 %) because such a workload is prefill-bound and
+  sparsity shortens only decode; where it matters most is memory.
 
 * ``block_size``: KV allocated in blocks (internal fragmentation); blocks below vllm-ascend's 128 also cost
   attention efficiency: KV reads x (1 + 0.1 x log2(128 / block_size)) (Proposed).
@@ -160,7 +182,8 @@ class _Stream:
     running: list[Request] = field(default_factory=list)
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # the iteration in flight
     host_left: float = 0.0  # seconds of per-step overhead left (runs in parallel with other streams)
-    device_left: float = 0.0  # seconds of device work left at the whole chip's speed (shared)
+    device_left: float = 0.0  # seconds of device work left at this stream's lone speed (shared)
+    occupancy: float = 1.0  # share of the chip the iteration in flight keeps busy alone (perfmodel.stream_occupancy)
     formed: int = 0  # fixed-batch: requests the running batch was formed with (finished ones stay as padding)
 
     @property
@@ -333,22 +356,18 @@ class Scheduler:
                 self._start(stream)
         return self._next_event()[0]
 
-    def _next_event(self) -> tuple[float | None, list[_Stream], int]:
-        """(seconds to the next phase end or None, busy streams, streams sharing the device)."""
+    def _next_event(self) -> tuple[float | None, list[_Stream], float]:
+        """(seconds to the next phase end or None, busy streams, the device-part streams' speed)."""
         busy = [s for s in self.streams if s.scheduled]
         if not busy:
-            return None, busy, 1
-        sharing = 0
-        for stream in busy:
-            if stream.host_left <= 0:
-                sharing += 1
-        sharing = sharing or 1
+            return None, busy, 1.0
+        rate = self._pm.stream_rates([s.occupancy for s in busy if s.host_left <= 0])
         nxt = math.inf
         for stream in busy:
-            value = stream.host_left if stream.host_left > 0 else stream.device_left * sharing
+            value = stream.host_left if stream.host_left > 0 else stream.device_left / rate
             if value < nxt:
                 nxt = value
-        return nxt, busy, sharing
+        return nxt, busy, rate
 
     def advance(self, seconds: float) -> list[tuple[Request, int]]:
         """Let ``seconds`` pass; finish the iterations that end by then.  Returns (request, tokens) events."""
@@ -368,7 +387,7 @@ class Scheduler:
                 self.now += seconds
             return events
         while True:
-            nxt, busy, sharing = self._next_event()
+            nxt, busy, rate = self._next_event()
             if nxt is None:
                 self.now += seconds
                 return events
@@ -381,7 +400,7 @@ class Scheduler:
                     if stream.host_left <= _EPS:
                         stream.host_left = 0.0
                 else:
-                    stream.device_left -= dt / sharing
+                    stream.device_left -= dt * rate
                     if stream.device_left <= _EPS:
                         events.extend(self._complete(stream))
             if seconds <= _EPS:
@@ -496,7 +515,8 @@ class Scheduler:
         sequences = len(scheduled) if not decode_batch else max(len(scheduled), decode_batch)
         if self.activation_limit is not None:
             need = self._pm.step_activation_bytes(self.deployment, prefill_tokens + decode_batch, sequences,
-                                                  longest_chunk, longest_sequence)
+                                                  longest_chunk, longest_sequence,
+                                                  fused_mask=self.mode == FIXED_BATCH)
             if need > self.activation_limit:
                 raise OutOfMemory(self._pm.malloc_failure(self.deployment, need, self.activation_limit))
         work = self._step_seconds(self.deployment, prefill_tokens, prefill_context, decode_batch, decode_kv,
@@ -514,6 +534,7 @@ class Scheduler:
             host *= factor
         work = max(work, 1e-6)
         stream.scheduled = scheduled
+        stream.occupancy = self._pm.stream_occupancy(prefill_tokens + decode_batch)
         if self.stream_num == 1:  # one stream: host and device run one after the other, exactly ``work``
             stream.host_left, stream.device_left = 0.0, work
         else:

@@ -48,6 +48,27 @@ KV_DTYPE_BYTES = 2  # the default KV cache dtype is bf16; Model.kv_bytes_per_tok
 KV_KEEP_FLOOR = 0.05
 KV_KEEP_SCALE = 0.15 / math.log((1 - KV_KEEP_FLOOR) / (0.60 - KV_KEEP_FLOOR))  # keep(0.15) = 0.60, the guide's anchor
 DIVERGENCE_SCALE = 0.5
+# kv_recall_bytes(): share of the dropped pairs' attention mass that a decode step has to read back from the host
+# copy (guess, see kv_recall_bytes), and the host link it crosses.  HOST_LINK_GBS: PCIe 4.0 x16 is 32 GB/s per
+# direction (PCI-SIG); a 910B card's achieved host-to-device copy rate is taken as about that (inferred).
+KV_RECALL_SHARE = 0.05
+HOST_LINK_GBS = 32.0
+
+# Fixed-batch multi-stream occupancy (engine_sched): a stream alone leaves part of the chip idle when its step has
+# few rows (tokens); other streams' steps can use it.  stream_occupancy(rows) = STREAM_OCCUPANCY_MIN + (1 -
+# STREAM_OCCUPANCY_MIN) x rows / (rows + STREAM_OCCUPANCY_HALF_ROWS).  Each further stream in its device part slows
+# all of them by STREAM_CONTENTION (HBM and cache interference, the runtime switching between streams' tasks);
+# every stream holds STREAM_WORKSPACE_GB of its own workspace (a guess: its task resources -- AscendCL's
+# aclrtCreateStreamWithConfig fast-launch streams pre-allocate them "at a memory cost" -- and its own operator
+# workspace; the field guide's ASCEND_WORKSPACE_SIZE is 1 GB for a whole process).  Sources in stream_occupancy().
+STREAM_OCCUPANCY_MIN = 0.6
+STREAM_OCCUPANCY_HALF_ROWS = 8.0
+STREAM_CONTENTION = 0.05
+STREAM_WORKSPACE_GB = 0.25
+# torch_npu.npu_fusion_attention with sparse_mode 2/3 (causal) takes "the optimised compressed lower-triangular
+# matrix (2048*2048)" as atten_mask (hiascend.com torch_npu API reference, npu_fusion_attention), BOOL: 1 byte each,
+# whatever the sequence length.  A fused (flash) attention kernel never materialises the S x S mask.
+FUSED_ATTENTION_MASK_BYTES = 2048.0 * 2048.0
 
 
 @dataclass(frozen=True)
@@ -363,6 +384,52 @@ def decode_flops(model: Model, batch: int, kv_tokens: int, kv_keep: float = 1.0)
     return 2 * model.active_params_b * GB * batch + 4 * model.layers * model.attn_dim * kv_tokens * kv_keep
 
 
+def kv_recall_bytes(d: Deployment, kv_tokens: int) -> float:
+    """Bytes per chip a decode step over ``kv_tokens`` context tokens reads back from the host for dropped pairs.
+
+    Guess (no public source describes the field guide's server): a threshold on a *dynamic* score can only free
+    HBM ("128K-scenario KV cache compressed to 12 GB", field-practice.md) without losing pairs for good if dropped
+    pairs stay in host memory and come back when their score rises again, as query-aware sparsity finds it does
+    (Quest, arXiv 2406.10774: "the criticality of tokens highly depends on the query").  The share recalled per
+    step follows the attention mass the dropped pairs carry, which grows as dropped^2 (the same shape as
+    ``divergence_probability``): KV_RECALL_SHARE x (1 - keep)^2 of the full context.  The host link is ~40x
+    slower than HBM, so a loose threshold loses in recalls what it saved in reads: the threshold that decodes
+    fastest is interior (decode reads fall as dropped, recalls grow as dropped^2).
+    """
+    dropped = 1.0 - d.kv_keep_fraction
+    if dropped <= 0 or kv_tokens <= 0:
+        return 0.0
+    return KV_RECALL_SHARE * dropped * dropped * kv_tokens * d.model.kv_bytes_per_token / kv_shards(d)
+
+
+def stream_occupancy(rows: int) -> float:
+    """Share of the chip one fixed-batch stream's step of ``rows`` tokens keeps busy when it runs alone.
+
+    Streams of one device run their tasks concurrently ("different streams execute their tasks concurrently",
+    CANN 8.0 AscendCL guide, Stream Management); the gain is what one stream leaves idle.  NVIDIA MPS measurements
+    on LLM serving find the same two sources -- kernel overlap "when individual engines leave compute or memory
+    bandwidth underutilized" and the host overhead split across engines -- and gains only for small models and
+    small batches (Databricks, "Scaling small LLMs with NVIDIA MPS", 2025); a shared A100 costs TPOT +19.5 %
+    (gopebble MPS vs dedicated, Qwen3-4B).  The curve is a guess with that shape: STREAM_OCCUPANCY_MIN + (1 -
+    MIN) x rows / (rows + HALF_ROWS): a decode of batch 1 keeps 64 % busy (a small-batch GEMV leaves HBM below
+    the ~89 % a plain copy reaches, profiles.yaml), batch 4 73 %, batch 64 96 %, a prefill of 1000+ tokens ~100 %.
+    """
+    rows = max(0, rows)
+    return STREAM_OCCUPANCY_MIN + (1 - STREAM_OCCUPANCY_MIN) * rows / (rows + STREAM_OCCUPANCY_HALF_ROWS)
+
+
+def stream_rates(occupancies: list[float]) -> float:
+    """Speed (share of its lone speed) of every stream in its device part when these streams share the chip.
+
+    The chip serves them together while their occupancies sum to at most 1, then shares it in proportion
+    (processor sharing); each further stream costs STREAM_CONTENTION (guess).  One stream runs at 1.
+    """
+    k = len(occupancies)
+    if k <= 1:
+        return 1.0
+    return min(1.0, 1.0 / sum(occupancies)) / (1.0 + STREAM_CONTENTION * (k - 1))
+
+
 def overhead_seconds(d: Deployment) -> float:
     """Fixed cost of one engine step: scheduling and launch, plus collectives when the group spans chips."""
     comm = d.model.layers * d.efficiency.comm_ms_per_layer if d.chips > 1 else 0.0
@@ -390,7 +457,8 @@ def step_seconds(d: Deployment, prefill_tokens: int, prefill_context: int, decod
                       + (prefill_context + decode_kv_tokens) * kv_bytes_per_token_per_chip(d) * kv_factor)
     compute_s = flops / (d.chips * peak_flops(d) * d.efficiency.compute)
     memory_s = bytes_per_chip / (d.chip.hbm_bandwidth_gbs * GB * d.efficiency.bandwidth)
-    return max(compute_s, memory_s) + overhead_seconds(d) + extra_overhead_s
+    recall_s = kv_recall_bytes(d, decode_kv_tokens) / (HOST_LINK_GBS * GB) if decode_batch else 0.0
+    return max(compute_s, memory_s) + recall_s + overhead_seconds(d) + extra_overhead_s
 
 
 def prefill_seconds(d: Deployment, new_tokens: int, context_tokens: int = 0) -> float:
@@ -426,7 +494,8 @@ def kv_keep_fraction(threshold: float) -> float:
     "compressed the 128K-scenario KV cache to 12 GB" from "over 20 GB", i.e. keeps at most 12/20 = 0.60;
     KV_KEEP_SCALE is chosen so that keep(0.15) = 0.60. The rest of the curve is Proposed. Scales KV bytes
     (capacity and decode reads) and decode attention FLOPs; prefill still scores every pair.
-    What it costs is in ``divergence_probability``.
+    What it costs: output agreement (``divergence_probability``) and, in decode, recalls of dropped pairs from
+    the host (``kv_recall_bytes``, a guess), which make a loose threshold slower than a moderate one.
     """
     if not 0 <= threshold < 1:
         raise UsageError(f"kv_sparse_threshold must be in [0, 1), got {threshold}")
@@ -545,10 +614,14 @@ def activation_limit_bytes(d: Deployment, activation_peak: float, share: float) 
 
 
 def step_activation_bytes(d: Deployment, step_tokens: int, sequences: int, longest_chunk: int,
-                          longest_sequence: int) -> float:
-    """What one step allocates for activations per chip: its tokens, its longest prefill chunk's mask, logits."""
-    return (step_tokens * activation_bytes_per_token(d) + attention_mask_bytes(longest_chunk, longest_sequence)
-            + logits_bytes(d, sequences))
+                          longest_sequence: int, *, fused_mask: bool = False) -> float:
+    """What one step allocates for activations per chip: its tokens, its longest prefill chunk's mask, logits.
+
+    ``fused_mask``: the engine's prefill runs a fused attention kernel with the compressed causal mask
+    (FUSED_ATTENTION_MASK_BYTES, whatever the length) instead of materialising chunk x sequence rows."""
+    mask = FUSED_ATTENTION_MASK_BYTES if fused_mask and longest_chunk else \
+        attention_mask_bytes(longest_chunk, longest_sequence)
+    return step_tokens * activation_bytes_per_token(d) + mask + logits_bytes(d, sequences)
 
 
 def malloc_failure(d: Deployment, need: float, limit: float) -> str:
