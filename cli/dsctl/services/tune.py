@@ -75,6 +75,9 @@ class TuneInputs:
     max_model_len: int | None = None  # None: the model's own (as the engine does)
     resume: bool = False
     screen: str = "model"  # "model": the roofline, then the offline engine model; "roofline": the bound; "none"
+    # the simulated hardware's efficiencies (perfmodel.Efficiency) when not dsctl's profile: bench/tune.py's ground
+    # truth; the screens always predict with the profile
+    hardware: Any = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ def engine_config_for(inputs: TuneInputs, space: space_mod.SearchSpace, candidat
         values["pa_shape_list"] = tuple(values["pa_shape_list"])
     values.setdefault("tensor_parallel_size", inputs.npus_per_instance)
     return EngineConfig(model=inputs.model, chip=inputs.chip, mode=FIXED_BATCH if fixed_batch else CONTINUOUS,
-                        visible_npus=inputs.npus_per_instance, **values)
+                        visible_npus=inputs.npus_per_instance, efficiency=inputs.hardware, **values)
 
 
 def _failure(status: str, message: str) -> Failure:
@@ -245,7 +248,9 @@ def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_
                     workload: Workload, *, seed_offset: int = 1) -> screens.Predictor:
     """For `screens.model_screen`: a candidate's start-up on the offline engine model, then its metrics at the
     lowest load the tune probes (``rate``, or the rate search's floor).  Its requests are drawn with another seed
-    than the evaluation's (``seed_offset``), as a model's prediction would differ from a measurement."""
+    than the evaluation's (``seed_offset``), as a model's prediction would differ from a measurement.  It predicts
+    with dsctl's profile, whatever hardware the evaluations run on (``inputs.hardware``)."""
+    inputs = dataclasses.replace(inputs, hardware=None)
     bounds = slo.goodput_bounds_ms(slos)
     rate = inputs.rate if inputs.rate is not None else MIN_RATE
     requests = min(inputs.requests, MODEL_REQUESTS)

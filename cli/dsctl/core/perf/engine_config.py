@@ -56,6 +56,9 @@ class EngineConfig:
     weight_bytes: float = 2.0
     alloc_conf: str = ""  # PYTORCH_NPU_ALLOC_CONF the engine runs with ("" = the vendor default)
     visible_npus: int = 8
+    # The hardware's achieved efficiencies (perfmodel.Efficiency) when they differ from dsctl's profile; None: the
+    # profile's.  bench/tune.py runs its ground truth on other figures than the screens' model (a model error).
+    efficiency: Any = None
 
     def with_(self, **changes: Any) -> EngineConfig:
         return replace(self, **changes)
@@ -99,7 +102,7 @@ def plan(config: EngineConfig, perfmodel: Any = None) -> EnginePlan:
         chip = perfmodel.chip_by_name(c.chip)
         model = perfmodel.model_by_name(c.model)
         keep = perfmodel.kv_keep_fraction(c.kv_sparse_threshold)
-        efficiency = perfmodel.load_profiles()[2]
+        efficiency = c.efficiency if c.efficiency is not None else perfmodel.load_profiles()[2]
         d = perfmodel.Deployment(chip=chip, model=model, chips=c.tensor_parallel_size,
                                  memory_utilization=c.gpu_memory_utilization, weight_bytes=c.weight_bytes,
                                  kv_keep_fraction=keep, efficiency=efficiency)
