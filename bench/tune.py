@@ -1,178 +1,163 @@
-"""How well `dsctl tune`'s search does on the landscapes of bench/landscape.py, against seeded random search and a
-coarse grid, with the ground truth from exhaustive offline evaluation.
+"""How well `dsctl tune`'s search does on bench/landscape.py's landscapes, against seeded random search (with and
+without dsctl's screens), TPE without screens and a coarse grid, with the ground truth from landscape.py's
+tables (on other hardware figures than the screens' model: landscape.MODEL_ERROR).
 
-For each engine (the fixed-batch engine, vllm-ascend) and each of landscape.py's targets (an SLO at a request
-rate), every configuration of landscape.py's grid is evaluated once with the offline evaluator (the same
-evaluator `dsctl tune --simulate` uses, services.tune.simulator, at the target's rate): the optimum is the highest
-goodput among the configurations that meet the SLO (and the quality guard).  Then each method gets ``--restarts``
-evaluations (engine restarts; screened or invalid candidates cost none), over ``--seeds`` seeds:
+Every method samples the landscape's whole default space (not a pinned grid); a configuration outside the
+table is evaluated on demand, so the optimum is the best known over the table and every search.  Methods:
 
-* dsctl: `search.Search` with its TPE sampler, the roofline screen and the model screen (the offline engine model
-  predicting each candidate with requests of another seed than the table's: a prediction, not the measurement),
-  as `dsctl tune` runs it;
-* random: the same driver with seeded uniform sampling (``strategy="random"``);
-* grid: a coarse grid (low / middle / high of every knob), a seeded sample of ``--restarts`` of its points.
+* dsctl: `search.Search` with TPE, the roofline screen and the model screen, as `dsctl tune --simulate` runs it
+  (the model screen bounded: screens.ModelScreen);
+* random: the same driver, seeded uniform sampling, no screens;
+* random+screen: seeded uniform sampling with dsctl's screens (the screens' own worth);
+* tpe: TPE without screens (the sampler's own worth);
+* grid: the coarse grid (low / middle / high of every knob of the table) in a seeded order.
 
-All three sample only grid points (the space is pinned to the grid with --param overrides), so every evaluation
-is a lookup in the exhaustive table.  Reported per method, median over the seeds: the best feasible goodput found
-as % of the optimum (0 when none was found) and the share of its restarts that crashed or missed the SLO.
+Each method runs ``--restarts`` evaluations (engine restarts; a screened, invalid or duplicate candidate costs
+none) per seed; reported at 10, 25 and 50 restarts (the first N evaluated restarts of the run): the best
+feasible figure as % of the optimum, median and worst over the seeds (0 when none was found), the share of
+restarts that crashed, missed the SLO or failed the quality guard (each class counted alike for every method, by
+the ground truth), and the model screen's consultations (dsctl, random+screen).
 
-Usage: .venv/bin/python bench/tune.py [--requests 100] [--restarts 25] [--seeds 5] [--engines fixed-batch,vllm-ascend]
-                                       [--targets A,B,C]
-The exhaustive tables take most of the time (about 700 evaluations per target at 0.05-0.5 s each on the shared
-2-core machine): expect tens of minutes with the defaults; it is a benchmark, not a test.
+Usage: .venv/bin/python bench/tune.py [--landscapes ...] [--restarts 50] [--seeds 5] [--rate R]
+                                       [--methods dsctl,random,random+screen,tpe,grid]
+Most of the time is the tables (bench/landscape.py prints their cost): tens of minutes; a benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import random
 import statistics
 import sys
-import time
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from landscape import FIXED_GRID, MAX_MODEL_LEN, MODEL, PROMPTS, VLLM_GRID
+from landscape import LANDSCAPES, MODEL_ERROR, Truth, describe
 
-from dsctl.core.tune import quality, screens, slo
-from dsctl.core.tune import space as space_mod
-from dsctl.core.tune.search import CRASHES, Candidate, Failure, Outcome, Search, SearchSettings
+from dsctl.core.tune import screens
+from dsctl.core.tune.search import Candidate, Outcome, Search, SearchSettings
 from dsctl.services import tune
 
-OUTPUTS = "uniform:16:192"
-# landscape.py's targets, as --slo and --rate
-TARGETS = {"A": ("ttft=200ms", 4.0), "B": ("tpot=40ms", 8.0), "C": ("e2el=20s", 1.0)}
-# landscape.py's grids over the tune spaces' knobs (fixed-batch's batch_size is per stream, up to 64 in the space)
-GRIDS = {
-    "fixed-batch": ("lab-engine", {"batch_size": tuple(b for b in FIXED_GRID["batch_size"] if b <= 64),
-                                   "stream_num": FIXED_GRID["stream_num"],
-                                   "kv_sparse_threshold": FIXED_GRID["kv_sparse_threshold"]}),
-    "vllm-ascend": ("vllm-ascend", {**VLLM_GRID, "enable_prefix_caching": (False,), "enforce_eager": (False,),
-                                    "multistream_overlap_shared_expert": (False,)}),
-}
+METHODS = ("dsctl", "random", "random+screen", "tpe", "grid")
+CHECKPOINTS = (10, 25, 50)
 
 
-def _text(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else f"{value:g}" \
-        if isinstance(value, float) else str(value)
+@dataclasses.dataclass
+class Run:
+    found: list[float | None]  # per evaluated restart, in order: the ground truth's figure (None: infeasible)
+    failures: list[str | None]  # per evaluated restart: crash / slo / quality / None
+    consulted: int = 0
+
+    def best_at(self, restarts: int) -> float:
+        return max((v for v in self.found[:restarts] if v is not None), default=0.0)
+
+    def bad_at(self, restarts: int) -> float:
+        window = self.failures[:restarts]
+        return sum(1 for f in window if f is not None) / max(1, len(window))
 
 
-def pinned_space(name: str, engine: str, grid: dict[str, tuple]) -> tuple[tune.TuneInputs, space_mod.SearchSpace]:
-    overrides = tuple(f"{knob}={','.join(_text(v) for v in values)}" for knob, values in grid.items())
-    inputs = tune.TuneInputs(model=MODEL, chip="910B3", slos=("ttft=1s",), run_dir=Path("."), engine=engine,
-                             space=name, prompt_tokens=PROMPTS, output_tokens=OUTPUTS, max_model_len=MAX_MODEL_LEN,
-                             params=overrides)
-    return inputs, tune.resolve(inputs)[1]
+def truth_evaluator(truth: Truth):
+    def evaluate(candidate: Candidate) -> Outcome:
+        outcome = truth.outcome(candidate.config)
+        if outcome is None:  # the quality guard rules it out: the restart is spent, the agreement is known
+            config = tune.engine_config_for(truth.inputs, truth.space, candidate)
+            return Outcome(agreement=tune._agreement(config))  # noqa: SLF001
+        return outcome
+    return evaluate
 
 
-class Table:
-    """Every grid configuration evaluated once at the target; the evaluator the searches get looks it up."""
-
-    def __init__(self, inputs: tune.TuneInputs, space: space_mod.SearchSpace, grid: dict[str, tuple]):
-        self.slos, _, workload = tune.resolve(inputs)
-        self.space = space
-        evaluator = tune.simulator(inputs, self.slos, space, workload)
-        self.outcomes: dict[tuple, Outcome] = {}
-        self.configs = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
-        for config in self.configs:
-            if space.violations(config):
-                continue  # the driver tells these without evaluating
-            candidate = Candidate(-1, config, space.params(config), space.fields(config), bool(space.lossy))
-            self.outcomes[self.key(config)] = evaluator(candidate)
-
-    @staticmethod
-    def key(config: dict[str, Any]) -> tuple:
-        return tuple(sorted(config.items()))
-
-    def feasible_goodput(self, config: dict[str, Any]) -> float | None:
-        outcome = self.outcomes.get(self.key(config))
-        if outcome is None or outcome.failure is not None or outcome.metrics is None:
-            return None
-        if not slo.judge(self.slos, outcome.metrics).met:
-            return None
-        if outcome.agreement is not None and outcome.agreement < quality.DEFAULT_MIN_AGREEMENT:
-            return None
-        return float(outcome.metrics.get("request_goodput") or 0.0)
-
-    def optimum(self) -> float:
-        values = [g for c in self.configs if (g := self.feasible_goodput(c)) is not None]
-        return max(values, default=0.0)
-
-    def evaluator(self, candidate: Candidate) -> Outcome:
-        return self.outcomes[self.key(candidate.config)]
+def dsctl_screen(truth: Truth, budget: int) -> tuple[Any, screens.ModelScreen]:
+    """The screens `dsctl tune --simulate` builds: the roofline, then the model (on dsctl's profile)."""
+    inputs = truth.inputs
+    shortest_prompt = tune._shortest(truth.workload.prompt_len)  # noqa: SLF001
+    shortest_output = tune._shortest(truth.workload.output_len)  # noqa: SLF001
+    roofline = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
+                                       output_tokens=shortest_output, slos=truth.slos,
+                                       npus_per_instance=inputs.npus_per_instance)
+    model = screens.model_screen(tune.model_predictor(inputs, truth.slos, truth.space, truth.workload), truth.slos,
+                                 budget=budget)
+    return screens.combined(roofline, model), model
 
 
-def run_search(table: Table, inputs: tune.TuneInputs, strategy: str, seed: int, restarts: int) -> tuple[float, float]:
-    screen = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=64, output_tokens=16,
-                                     slos=table.slos, npus_per_instance=1)
-    if strategy == "tpe":  # dsctl's own search also has the model screen (tune --screen model, the default)
-        _, space, workload = tune.resolve(inputs)
-        screen = screens.combined(screen, screens.model_screen(
-            tune.model_predictor(inputs, table.slos, space, workload), table.slos))
-    result = Search(table.space, table.slos, table.evaluator,
-                    SearchSettings(budget=restarts, seed=seed, strategy=strategy), screen=screen).run()
+def run_search(truth: Truth, method: str, seed: int, restarts: int) -> Run:
+    strategy = "random" if method.startswith("random") else "tpe"
+    screen, model = (dsctl_screen(truth, restarts) if method in ("dsctl", "random+screen") else (None, None))
+    result = Search(truth.space, truth.slos, truth_evaluator(truth),
+                    SearchSettings(budget=restarts, seed=seed, strategy=strategy, objective=truth.inputs.objective,
+                                   npus_per_instance=truth.inputs.npus_per_instance), screen=screen).run()
     evaluated = [t for t in result.trials if t.evaluated and t.duplicate_of is None]
-    bad = sum(1 for t in evaluated if t.failure in CRASHES or t.failure == Failure.SLO_MISS)
-    found = [table.feasible_goodput(t.config) for t in evaluated]
-    return max((g for g in found if g is not None), default=0.0), bad / max(1, len(evaluated))
+    return Run([truth.value(t.config) for t in evaluated], [truth.failure(t.config) for t in evaluated],
+               model.consulted if model is not None else 0)
 
 
-def run_grid(table: Table, grid: dict[str, tuple], seed: int, restarts: int) -> tuple[float, float]:
-    coarse = {k: tuple(dict.fromkeys((v[0], v[len(v) // 2], v[-1]))) for k, v in grid.items()}
+def coarse_grid(truth: Truth) -> list[dict[str, Any]]:
+    axes: dict[str, tuple] = {}
+    for config in truth.table():
+        for name, value in config.items():
+            axes.setdefault(name, ())
+            if value not in axes[name]:
+                axes[name] = (*axes[name], value)
+    coarse = {name: tuple(dict.fromkeys((v[0], v[len(v) // 2], v[-1]))) for name, v in axes.items()}
     points = [dict(zip(coarse, values, strict=True)) for values in itertools.product(*coarse.values())]
-    points = [p for p in points if table.key(p) in table.outcomes]  # invalid ones cost no restart
+    return [p for p in points if not truth.space.violations(p)]
+
+
+def run_grid(truth: Truth, seed: int, restarts: int) -> Run:
+    points = coarse_grid(truth)
     chosen = random.Random(seed).sample(points, min(restarts, len(points)))
-    bad = 0
-    best = 0.0
-    for config in chosen:
-        goodput = table.feasible_goodput(config)
-        outcome = table.outcomes[table.key(config)]
-        if goodput is None and (outcome.failure in CRASHES or outcome.failure is None):
-            bad += 1  # crashed, or measured and missed the SLO / quality guard
-        best = max(best, goodput or 0.0)
-    return best, bad / max(1, len(chosen))
+    return Run([truth.value(c) for c in chosen], [truth.failure(c) for c in chosen])
+
+
+def percent(value: float, optimum: float) -> float:
+    return 100.0 * value / optimum if optimum > 0 else 0.0
+
+
+def report(name: str, runs: list[Run], optimum: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"method": name}
+    parts = []
+    for n in CHECKPOINTS:
+        shares = [percent(r.best_at(n), optimum) for r in runs]
+        row[n] = (statistics.median(shares), min(shares))
+        parts.append(f"{n:2d}: {row[n][0]:5.1f} % (worst {row[n][1]:5.1f} %)")
+    bad = statistics.median(100.0 * r.bad_at(25) for r in runs)
+    row["bad"] = bad
+    consulted = statistics.median(r.consulted for r in runs)
+    print(f"  {name:13s} {'; '.join(parts)}; failed restarts at 25: {bad:4.1f} %"
+          + (f"; model screen consulted {consulted:g}" if consulted else ""))
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--restarts", type=int, default=25)
+    parser.add_argument("--landscapes", default=",".join(LANDSCAPES))
+    parser.add_argument("--restarts", type=int, default=max(CHECKPOINTS))
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--engines", default="fixed-batch,vllm-ascend")
-    parser.add_argument("--targets", default="A,B,C")
+    parser.add_argument("--rate", type=float, default=None, help="goodput at this load instead of capacity")
+    parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args(argv)
-    print(f"{MODEL} on one 910B3, prompts {PROMPTS}, outputs {OUTPUTS}, max_model_len {MAX_MODEL_LEN}, "
-          f"{args.requests} requests per evaluation; {args.restarts} restarts per method, median over "
-          f"{args.seeds} seeds")
-    for name in args.engines.split(","):
-        engine, grid = GRIDS[name]
-        for target in args.targets.split(","):
-            slo_text, rate = TARGETS[target]
-            inputs, space = pinned_space(name, engine, grid)
-            inputs = tune.TuneInputs(**{**vars(inputs), "slos": (slo_text,), "rate": rate,
-                                        "requests": args.requests})
-            started = time.monotonic()
-            table = Table(inputs, space, grid)
-            optimum = table.optimum()
-            print(f"\n{name}, target {target} ({slo_text} at {rate:g} req/s): {len(table.outcomes)} configurations "
-                  f"evaluated in {time.monotonic() - started:.0f} s; optimum goodput {optimum:.3g} req/s")
-            if optimum <= 0:
-                print("  no configuration meets it: nothing to find")
-                continue
-            for method in ("dsctl", "random", "grid"):
-                runs = []
-                for seed in range(args.seeds):
-                    if method == "grid":
-                        runs.append(run_grid(table, grid, seed, args.restarts))
-                    else:
-                        runs.append(run_search(table, inputs, "tpe" if method == "dsctl" else "random", seed,
-                                               args.restarts))
-                share = statistics.median(100.0 * best / optimum for best, _ in runs)
-                wasted = statistics.median(100.0 * bad for _, bad in runs)
-                print(f"  {method:7s} best feasible {share:5.1f} % of the optimum; {wasted:4.1f} % of restarts "
-                      f"crashed or missed")
+    objective = "capacity" if args.rate is None else "goodput"
+    print(f"ground truth hardware vs dsctl's profile: {', '.join(f'{k} x{v:g}' for k, v in MODEL_ERROR.items())}; "
+          f"{args.restarts} restarts per run, {args.seeds} seeds, figures at {', '.join(map(str, CHECKPOINTS))} "
+          "restarts: median % of the optimum (worst seed)")
+    summary: list[tuple[str, Mapping[str, Any]]] = []
+    for key in args.landscapes.split(","):
+        truth = Truth(LANDSCAPES[key], objective=objective, rate=args.rate)
+        facts = describe(truth, objective, args.rate)
+        if not facts["optimum"]:
+            continue
+        runs = {m: [run_grid(truth, s, args.restarts) if m == "grid" else run_search(truth, m, s, args.restarts)
+                    for s in range(args.seeds)] for m in args.methods.split(",")}
+        optimum, _ = truth.optimum()  # the searches may have found better than the table
+        if optimum > facts["optimum"]:
+            print(f"  (a search found {optimum:.3g}, above the table's optimum: the figures are against it)")
+        rows = {m: report(m, r, optimum) for m, r in runs.items()}
+        summary.append((key, rows))
+    print("\nsummary at 25 restarts (median % of the optimum / worst seed / failed restarts):")
+    for key, rows in summary:
+        cells = ", ".join(f"{m} {r[25][0]:.0f}/{r[25][1]:.0f}/{r['bad']:.0f}" for m, r in rows.items())
+        print(f"  {key}: {cells}")
     return 0
 
 
