@@ -17,7 +17,6 @@ from dsctl.core.load.probe_metrics import (
     SloWatch,
     calculate_metrics,
     error_rate,
-    parse_goodput,
     percentile,
     summarize,
 )
@@ -294,14 +293,6 @@ def test_percentiles_interpolate_linearly_like_numpy():
         percentile([], 50)
     s = summarize([3.0, 1.0, 2.0], scale=1000)
     assert s["median"] == 2000 and s["min"] == 1000 and s["std"] == pytest.approx(math.sqrt(2 / 3) * 1000)
-
-
-def test_parse_goodput():
-    assert parse_goodput(["ttft:200", "tpot:50"]) == {"ttft": 200.0, "tpot": 50.0}
-    assert parse_goodput(["ttft:200,e2el:2000ms"]) == {"ttft": 200.0, "e2el": 2000.0}
-    for bad in ("itl:5", "ttft", "ttft:x", "ttft:-1"):
-        with pytest.raises(ValueError):
-            parse_goodput([bad])
 
 
 # -- early stop ---------------------------------------------------------------------------------------------
