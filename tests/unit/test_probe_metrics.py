@@ -321,6 +321,17 @@ def test_p90_early_stop_fires_exactly_when_certain():
     assert "ttft p90" in watch.certainly_missed()
 
 
+def test_each_bound_is_judged_at_its_own_statistic():
+    """--goodput ttft:p50=100ms e2el=... with --slo-stat p90: ttft binds p50, e2el p90."""
+    watch = SloWatch({"ttft": 100, "e2el": 10_000}, "p90", total_planned=3, statistics={"ttft": "median"})
+    assert watch.statistics == {"ttft": "p50", "e2el": "p90"}
+    watch.add(ok(200))
+    assert watch.certainly_missed() is None  # p50 of 200, 0, 0 is 0
+    watch.add(ok(200))
+    assert watch.certainly_missed().startswith("ttft p50 is at least 200.00 ms")
+    assert watch.missed() == ["ttft p50 200.00 ms > 100 ms"]
+
+
 def test_early_stop_boundary_is_exact_under_interpolation():
     at_bound = SloWatch({"ttft": 100}, "p90", total_planned=10)
     at_bound.add(ok(1000))  # best case 0 + 0.1 * 1000 = 100 ms: still meets "<= 100"
