@@ -357,7 +357,9 @@ class _Run:
                     **verdict.to_dict(), "summary": verdict.summary(), "delta": verdict.delta()}}
                 self.say([host], "gated", f"{key}: {verdict.summary()}")
                 if not verdict.passed:
-                    raise _BatchFailed(host, "gated", f"{key} regressed: {verdict.reason()}", ExitStatus.SLO_NOT_MET)
+                    regressed = verdict.failed_requests or not all(check.passed for check in verdict.checks)
+                    what = "regressed" if regressed else "missed the --slo"
+                    raise _BatchFailed(host, "gated", f"{key} {what}: {verdict.reason()}", ExitStatus.SLO_NOT_MET)
 
     # ---------------------------------------------------------------- a batch
 
