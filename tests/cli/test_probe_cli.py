@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.app import main
+from dsctl.core.load.slo_spec import Slo
 from dsctl.services.probe import ProbeConfig, probe
 from dsctl.services.runtime import HttpProber
 
@@ -370,7 +371,8 @@ def test_the_probe_verb_called_directly_reports_through_its_sink(scripted):
     server = scripted("ok")
     seen: list[dict] = []
     result = probe(HttpProber(), ProbeConfig(url=f"http://127.0.0.1:{server.port}", concurrency=2, requests=5,
-                                             output_tokens="3", prompt_tokens="8", goodput=("ttft:60000",)),
+                                             output_tokens="3", prompt_tokens="8",
+                                             goodput=(Slo("ttft", "p90", 60000.0),)),
                    seen.append)
     assert result.exit_status == 0 and result.errors == ()
     assert result.to_dict()["metrics"]["completed"] == 5 and len(result.result.records) == 5

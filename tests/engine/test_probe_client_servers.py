@@ -21,6 +21,7 @@ from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, 
 from dsctl.adapters.tokenizer import LocalTokenizer
 from dsctl.commands.probe import render
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
+from dsctl.core.load.slo_spec import Slo
 from dsctl.errors import ExitStatus, UsageError
 from dsctl.services.probe import ProbeConfig, make_plan
 from dsctl.services.probe import probe as probe_verb
@@ -690,7 +691,8 @@ def test_a_rate_sweep_on_the_engine_gives_rows_monotone_in_offered_load_a_knee_a
 def test_a_sweep_refuses_a_fixed_load_and_early_stop():
     for extra, needle in ((dict(sweep="rate=1:4:2", rate=2.0), "leave out --rate"),
                           (dict(sweep="concurrency=1:4:2", concurrency=2), "leave out --rate and --concurrency"),
-                          (dict(sweep="rate=1:4:2", goodput=("ttft:1",), early_stop=True), "--early-stop"),
+                          (dict(sweep="rate=1:4:2", goodput=(Slo("ttft", "p90", 1.0),), early_stop=True),
+                           "--early-stop"),
                           (dict(sweep="rate=1:4:99"), "^--sweep ")):
         with pytest.raises(UsageError, match=needle):
             probe_verb(HttpProber(), ProbeConfig(url="http://127.0.0.1:1", **extra))

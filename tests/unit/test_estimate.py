@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from dsctl.core.load.slo_spec import Slo
 from dsctl.core.perf.estimate import estimate, parse_slo
 from dsctl.core.perf.perfmodel import (
     DEFAULT_EFFICIENCY,
@@ -30,7 +31,7 @@ def verdict(result, metric):
 
 
 def test_128k_prefill_of_v3_on_one_910b3_cannot_meet_200ms():
-    result = estimate(B3, V3, prompt_tokens=131072, output_tokens=256, slo={"ttft": 200})
+    result = estimate(B3, V3, prompt_tokens=131072, output_tokens=256, slo=parse_slo("ttft=200"))
     assert not result.feasible
     ttft = verdict(result, "ttft")
     assert not ttft.feasible
@@ -84,7 +85,7 @@ def test_a_small_dense_model_meets_a_loose_slo():
 def test_concurrency_queues_prefills_and_slows_decoding():
     single = estimate(B3, QWEN7B, prompt_tokens=4000, output_tokens=256)
     loaded = estimate(B3, QWEN7B, prompt_tokens=4000, output_tokens=256, concurrency=8,
-                      slo={"ttft": 1000, "tpot": 30})
+                      slo=parse_slo("ttft=1000,tpot=30"))
     prefill = single.ttft_s
     assert loaded.ttft_worst_s == pytest.approx(8 * prefill)
     assert loaded.ttft_mean_s == pytest.approx(4.5 * prefill)
@@ -105,7 +106,7 @@ def test_more_requests_than_the_cache_holds_wait_for_space():
 
 
 def test_tpot_bound_names_the_bytes_moved():
-    result = estimate(B3, QWEN7B, prompt_tokens=1000, output_tokens=100, slo={"tpot": 5})
+    result = estimate(B3, QWEN7B, prompt_tokens=1000, output_tokens=100, slo=parse_slo("tpot=5"))
     tpot = verdict(result, "tpot")
     assert not tpot.feasible
     assert tpot.bound_ms == pytest.approx((7.62e9 * 2 + 1050 * 57344) / 1.6e12 * 1e3)
@@ -114,13 +115,13 @@ def test_tpot_bound_names_the_bytes_moved():
 
 def test_w8a8_v3_fits_on_two_atlas_nodes():
     result = estimate(B3, V3, prompt_tokens=2000, output_tokens=256, chips=16, weight_bytes=1.0,
-                      slo={"ttft": 2000, "tpot": 100, "e2el": 30000})
+                      slo=parse_slo("ttft=2000,tpot=100,e2el=30000"))
     assert result.fits and result.weight_format == "int8"
     assert result.feasible, [v.line for v in result.verdicts]
 
 
 def test_e2el_bound_adds_prefill_and_decode():
-    result = estimate(B3, QWEN7B, prompt_tokens=1000, output_tokens=1000, slo={"e2el": 1000})
+    result = estimate(B3, QWEN7B, prompt_tokens=1000, output_tokens=1000, slo=parse_slo("e2el=1000"))
     e2el = verdict(result, "e2el")
     assert not e2el.feasible and "even at peak compute and bandwidth" in e2el.reason
     assert e2el.min_chips_peak is not None and e2el.min_chips_peak > 1
@@ -132,12 +133,12 @@ def test_estimate_accepts_names_and_rejects_bad_input():
         estimate("910B3", "gpt-5", prompt_tokens=10, output_tokens=1)
     with pytest.raises(UsageError, match="prompt tokens"):
         estimate(B3, QWEN7B, prompt_tokens=0, output_tokens=1)
-    with pytest.raises(UsageError, match="unknown SLO metric"):
-        estimate(B3, QWEN7B, prompt_tokens=10, output_tokens=1, slo={"itl": 5})
+    with pytest.raises(UsageError, match="estimate takes ttft, tpot, e2el, not itl"):
+        estimate(B3, QWEN7B, prompt_tokens=10, output_tokens=1, slo=(Slo("itl", "p99", 5.0),))
 
 
 def test_to_dict_is_plain_data():
-    data = estimate(B3, V3, prompt_tokens=131072, output_tokens=256, slo={"ttft": 200}).to_dict()
+    data = estimate(B3, V3, prompt_tokens=131072, output_tokens=256, slo=parse_slo("ttft=200")).to_dict()
     assert data["feasible"] is False and data["fits"] is False
     assert [v["metric"] for v in data["verdicts"]] == ["memory", "ttft"]
     assert data["verdicts"][1]["min_chips_peak"] == 823
@@ -148,20 +149,33 @@ def test_to_dict_is_plain_data():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("ttft=200ms,tpot=50ms", {"ttft": 200.0, "tpot": 50.0}),
-    ("ttft:200 tpot:50", {"ttft": 200.0, "tpot": 50.0}),        # vLLM --goodput style, ms
-    ("ttft=0.5s, e2el=2s", {"ttft": 500.0, "e2el": 2000.0}),
-    ("TTFT=200", {"ttft": 200.0}),
-    ("tpot=.5s", {"tpot": 500.0}),
+    ("ttft=200ms,tpot=50ms", [("ttft", 200.0), ("tpot", 50.0)]),
+    ("ttft:200 tpot:50", [("ttft", 200.0), ("tpot", 50.0)]),        # vLLM --goodput style, ms
+    ("ttft=0.5s, e2el=2s", [("ttft", 500.0), ("e2el", 2000.0)]),
+    ("TTFT=200", [("ttft", 200.0)]),
+    ("tpot=.5s", [("tpot", 500.0)]),
 ])
 def test_parse_slo(text, expected):
-    assert parse_slo(text) == expected
+    assert parse_slo(text) == tuple(Slo(metric, "p99", ms) for metric, ms in expected)
 
 
 @pytest.mark.parametrize("text, message", [
-    ("", "empty"), ("ttft", "cannot read"), ("ttft=fast", "cannot read"), ("ttft=200us", "cannot read"),
-    ("itl=20ms", "unknown metric 'itl'"), ("ttft=1s,ttft=2s", "given twice"), ("ttft=0ms", "positive"),
+    ("", "empty"), ("ttft", "expected metric"), ("ttft=fast", "expected metric"), ("ttft=200us", "expected metric"),
+    ("itl=20ms", "'itl=20ms': estimate takes ttft, tpot, e2el, not itl"), ("ttft=1s,ttft=2s", "already bound"),
+    ("ttft=0ms", "positive"), ("error_rate=1%", "estimate takes ttft, tpot, e2el, not error_rate"),
 ])
 def test_parse_slo_rejects(text, message):
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError, match=message) as caught:
         parse_slo(text)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_statistic_is_judged_mean_on_the_burst_mean_a_percentile_on_its_worst():
+    """ttft:mean binds the burst's mean TTFT, a percentile its worst (an upper bound on every percentile)."""
+    result = estimate(B3, QWEN7B, prompt_tokens=1000, output_tokens=128, concurrency=8,
+                      slo=parse_slo("ttft:mean=10s,ttft:p90=10s,e2el:mean=60s"))
+    mean, p90, e2el = result.verdicts[1:]
+    assert mean.predicted_ms == pytest.approx(result.ttft_mean_s * 1e3) and mean.label == "ttft:mean=10000ms"
+    assert p90.predicted_ms == pytest.approx(result.ttft_worst_s * 1e3) and p90.label == "ttft:p90=10000ms"
+    assert e2el.predicted_ms == pytest.approx((result.ttft_mean_s + 127 * result.tpot_s) * 1e3)
+    assert result.ttft_mean_s < result.ttft_worst_s

@@ -17,7 +17,6 @@ from dsctl.core.load.probe_metrics import (
     SloWatch,
     calculate_metrics,
     error_rate,
-    parse_goodput,
     percentile,
     prompt_count_check,
     summarize,
@@ -327,14 +326,6 @@ def test_percentiles_interpolate_linearly_like_numpy():
     assert s["median"] == 2000 and s["min"] == 1000 and s["std"] == pytest.approx(math.sqrt(2 / 3) * 1000)
 
 
-def test_parse_goodput():
-    assert parse_goodput(["ttft:200", "tpot:50"]) == {"ttft": 200.0, "tpot": 50.0}
-    assert parse_goodput(["ttft:200,e2el:2000ms"]) == {"ttft": 200.0, "e2el": 2000.0}
-    for bad in ("itl:5", "ttft", "ttft:x", "ttft:-1"):
-        with pytest.raises(ValueError):
-            parse_goodput([bad])
-
-
 # -- early stop ---------------------------------------------------------------------------------------------
 
 
@@ -359,6 +350,17 @@ def test_p90_early_stop_fires_exactly_when_certain():
     watch.add(ok(200))
     assert watch.certainly_missed() is not None
     assert "ttft p90" in watch.certainly_missed()
+
+
+def test_each_bound_is_judged_at_its_own_statistic():
+    """--goodput ttft:p50=100ms e2el=... with --slo-stat p90: ttft binds p50, e2el p90."""
+    watch = SloWatch({"ttft": 100, "e2el": 10_000}, "p90", total_planned=3, statistics={"ttft": "median"})
+    assert watch.statistics == {"ttft": "p50", "e2el": "p90"}
+    watch.add(ok(200))
+    assert watch.certainly_missed() is None  # p50 of 200, 0, 0 is 0
+    watch.add(ok(200))
+    assert watch.certainly_missed().startswith("ttft p50 is at least 200.00 ms")
+    assert watch.missed() == ["ttft p50 200.00 ms > 100 ms"]
 
 
 def test_early_stop_boundary_is_exact_under_interpolation():

@@ -29,8 +29,8 @@ def test_explicit_statistics_and_combinations():
 @pytest.mark.parametrize(("value", "message"), [
     ("ttfb=200ms", "'ttfb=200ms': unknown metric 'ttfb'; use one of ttft, tpot, itl, e2el, error_rate"),
     ("ttft:p98=200ms", "unknown statistic 'p98'; use one of mean, p50, p90, p95, p99"),
-    ("ttft=200us", "expected metric[:statistic]=value[ms|s|%]"),
-    ("ttft<200ms", "expected metric[:statistic]=value[ms|s|%]"),
+    ("ttft=200us", "expected metric[:stat]=value[ms|s|%] or vLLM's metric:ms"),
+    ("ttft<200ms", "expected metric[:stat]=value[ms|s|%] or vLLM's metric:ms"),
     ("ttft=0ms", "a latency bound must be positive"),
     ("ttft=5%", "ttft is a time; write it in ms or s"),
     ("error_rate=2ms", "error_rate is a share of requests"),

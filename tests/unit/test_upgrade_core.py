@@ -134,13 +134,27 @@ def metrics(ttft: float, throughput: float, failed: int = 0, completed: int = 20
 
 
 def test_max_regression_parses():
-    limits = gate.parse_max_regression("ttft=10%,throughput=5%, ttft.p90=20%")
+    limits = gate.parse_max_regression("ttft=10%,throughput=5%, ttft.p90=20%, e2el:p99=15%, tpot:10%")
     assert [(lim.term, lim.statistic, lim.percent) for lim in limits] == [
-        ("ttft", "median", 10.0), ("throughput", None, 5.0), ("ttft", "p90", 20.0)]
+        ("ttft", "median", 10.0), ("throughput", None, 5.0), ("ttft", "p90", 20.0), ("e2el", "p99", 15.0),
+        ("tpot", "median", 10.0)]
+    assert [lim.label for lim in limits] == ["ttft", "throughput", "ttft:p90", "e2el:p99", "tpot"]
+
+
+def test_the_gate_judges_slos_on_the_new_stack_alone():
+    slos = gate.parse_slos("ttft:p90=160ms")
+    passed = gate.compare(metrics(100, 500), metrics(100, 500), gate.parse_max_regression("ttft=10%"), slos)
+    assert passed.passed and "ttft:p90 150 ms (SLO 160 ms): ok" in passed.summary()
+    missed = gate.compare(metrics(90, 500), metrics(100, 500), gate.parse_max_regression("ttft=20%"),
+                          gate.parse_slos("ttft:p90=120ms"))
+    assert not missed.passed and missed.reason() == "ttft:p90 150 ms (SLO 120 ms): missed by 25.0 %"
+    assert missed.to_dict()["slo"] == [{"slo": "ttft:p90=120ms", "value": 150.0, "ok": False}]
+    assert gate.parse_slos(None) == () and gate.parse_slos("") == ()
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("ttft=10", "expected TERM=P%"), ("speed=5%", "unknown term 'speed'"), ("ttft.p77=5%", "unknown statistic"),
+    ("ttft=10", r"expected TERM\[:STAT\]=P%"), ("ttft=10ms", r"expected TERM\[:STAT\]=P%"),
+    ("speed=5%", "unknown term 'speed'"), ("ttft.p77=5%", "unknown statistic"), ("ttft:p77=5%", "unknown statistic"),
     ("throughput.p90=5%", "takes no statistic"), ("ttft=5%,ttft=6%", "given twice"), ("", "empty")])
 def test_bad_max_regression_is_a_usage_error(text, message):
     with pytest.raises(UsageError, match=message) as caught:

@@ -14,6 +14,7 @@ import yaml
 from dsctl.adapters.ansible_run import HostOutcome, PlaybookRun
 from dsctl.adapters.probe_client import RunResult
 from dsctl.core.load.probe_metrics import RequestRecord
+from dsctl.core.upgrade import gate
 from dsctl.errors import ExitStatus, UsageError
 from dsctl.lab.packages import package_specs
 from dsctl.services.upgrade import UpgradeInputs, UpgradeInterrupted, upgrade
@@ -204,6 +205,15 @@ def test_a_regressed_release_is_rolled_back_at_the_canary_with_its_numbers(world
     assert {name: host.cann for name, host in fleet.hosts.items()} == dict.fromkeys(HOSTS, "8.3.RC2")
     assert fleet.playbooks("provision.yml") == ["h1", "h1"]
     assert {row.host: row.status for row in result.hosts}["h1"] == "rolled back (gated)"
+
+
+def test_an_slo_the_new_stack_misses_fails_the_gate_within_the_regression_limits(world):
+    fleet, run, _, _ = world
+    fleet.slow_cann["8.5.0"] = 3.0
+    result = run(**TO_NEW, max_regression="ttft=1000%,throughput=90%", slos=gate.parse_slos("ttft:p99=100ms"))
+    assert result.exit_status == ExitStatus.SLO_NOT_MET
+    assert result.errors[0].startswith("h1: failed at gated: h1/chat-0 missed the --slo: ttft:p99 150")
+    assert "(SLO 100 ms): missed by" in result.errors[0]
 
 
 def test_check_changes_nothing_and_writes_no_state(world, tmp_path):

@@ -23,13 +23,14 @@ def show(
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Requests in flight.")] = 1,
     weights: Annotated[str, typer.Option("--weights", help="Weight format: bf16 or int8 (W8A8).")] = "bf16",
     slo: Annotated[str | None, typer.Option(
-        "--slo", help="Targets in ms or s: ttft=200ms,tpot=50ms,e2el=10s (vLLM's ttft:200 also works).")] = None,
+        "--slo", help="SLOs: ttft=200ms,tpot=50ms,e2el=10s, ttft:mean=150ms (a percentile binds the burst's worst "
+                      "TTFT); vLLM's ttft:200 (ms) also works.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON result object.")] = False,
 ) -> None:
     """Predict TTFT, TPOT and throughput from the chip and model profiles; exit 6 if an SLO cannot be met."""
     if weights.lower() not in WEIGHT_FORMATS:
         raise UsageError(f"--weights: unknown format {weights!r}; known: {', '.join(WEIGHT_FORMATS)}")
-    targets = parse_slo(slo) if slo is not None else None
+    targets = parse_slo(slo) if slo is not None else ()
     result = estimate(chip_by_name(chip), model_by_name(model), prompt_tokens=prompt_tokens,
                       output_tokens=output_tokens, concurrency=concurrency, chips=chips,
                       weight_bytes=WEIGHT_FORMATS[weights.lower()], slo=targets)

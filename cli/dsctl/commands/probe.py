@@ -10,6 +10,7 @@ SLO misses left out.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import typer
 
 from dsctl import ui
 from dsctl.cli_options import app_context
-from dsctl.core.load import probe_metrics
+from dsctl.core.load import probe_metrics, slo_spec
 from dsctl.errors import UsageError
 from dsctl.services.probe import DEFAULT_REQUESTS, ProbeConfig, probe
 from dsctl.ui_progress import ProbeProgress
@@ -112,14 +113,16 @@ def render(data: dict[str, Any]) -> None:
     if slo is not None:
         verdict = "met" if slo["met"] else ("missed (early stop)" if slo["early_stopped"] else "missed")
         slo_rows = []
+        shared = slo["statistic"]  # None when the bounds bind different statistics
         for key, bound in slo["bounds_ms"].items():
             value = slo["values_ms"].get(key)
             ok = value is None or (value != "inf" and value <= bound)
-            slo_rows.append([key, f"{bound:g}", _f(value), "ok" if ok else "missed"])
+            name = key if shared else f"{key}:{slo['statistics'][key]}"
+            slo_rows.append([name, f"{bound:g}", _f(value), "ok" if ok else "missed"])
         failed = m["failed"]
         note = f" ({failed} failed request(s) count as misses)" if failed else ""
-        ui.print_table(f"SLO {slo['statistic']}: {verdict}{note}",
-                       ["metric", "bound (ms)", f"{slo['statistic']} (ms)", "verdict"], slo_rows)
+        ui.print_table(f"SLO {shared}: {verdict}{note}" if shared else f"SLO: {verdict}{note}",
+                       ["metric", "bound (ms)", f"{shared or 'statistic'} (ms)", "verdict"], slo_rows)
     if data["failure_examples"]:
         ui.print_table("Failed requests (first 5)", ["id", "class", "detail"],
                        [[e["id"], e["class"], e["detail"]] for e in data["failure_examples"]])
@@ -197,10 +200,12 @@ def run(
     shared_prefix: Annotated[float, typer.Option(
         "--shared-prefix", help="Share (0.0-1.0) of each prompt that is a prefix common to all requests.")] = 0.0,
     goodput: Annotated[list[str] | None, typer.Option(
-        "--goodput", help="Per-request SLO bounds in ms, e.g. --goodput ttft:200 tpot:50 (keys ttft, tpot, e2el).")
+        "--goodput", help="Per-request SLO bounds (keys ttft, tpot, e2el): vLLM's ttft:200 tpot:50 (ms), or "
+                          "ttft=200ms, or ttft:p95=200ms to judge that bound at p95 instead of --slo-stat.")
     ] = None,
     slo_stat: Annotated[str, typer.Option(
-        "--slo-stat", help="Statistic the --goodput bounds bind for the verdict: p50|median|p90|p95|p99|mean.")
+        "--slo-stat", help="Statistic the --goodput bounds without one bind for the verdict: "
+                           "p50|median|p90|p95|p99|mean.")
     ] = "p90",
     early_stop: Annotated[bool, typer.Option(
         "--early-stop", help="End the probe as soon as the SLO is certainly missed (exit 6).")] = False,
@@ -252,18 +257,24 @@ def run(
     terms = list(goodput or [])
     urls = []
     for item in target:
-        key = item.split(":", 1)[0].lower()
-        if terms and key in probe_metrics.GOODPUT_METRICS and "//" not in item:
+        key = re.split(r"[:.=]", item, maxsplit=1)[0].lower()
+        if terms and key in slo_spec.METRICS and "//" not in item:
             terms.append(item)
         else:
             urls.append(item)
     if len(urls) != 1:
         raise UsageError(f"expected one URL, got {len(urls)}: {' '.join(urls) or '(none)'}")
+    try:
+        stat = probe_metrics.parse_statistic(slo_stat)
+    except ValueError as exc:
+        raise UsageError(f"--slo-stat: {exc}") from None
+    # the one SLO grammar: a term without a statistic (vLLM's ttft:200, or ttft=200ms) binds --slo-stat
+    bounds = slo_spec.parse_slos(terms, "--goodput", default_statistic=stat, required=False)
     cfg = ProbeConfig(
         url=urls[0], endpoint=endpoint, model=model, rate=parse_rate(rate), concurrency=concurrency,
         arrival=arrival, burstiness=burstiness, ramp_to=ramp_to, requests=requests, duration=duration,
         warmup=warmup, prompt_tokens=prompt_tokens, output_tokens=output_tokens, prompts=prompts,
-        shared_prefix=shared_prefix, goodput=tuple(terms), slo_stat=slo_stat, early_stop=early_stop, timeout=timeout,
+        shared_prefix=shared_prefix, goodput=bounds, slo_stat=stat, early_stop=early_stop, timeout=timeout,
         api_key=api_key, seed=seed, ignore_eos=ignore_eos, record=record, max_error_rate=max_error_rate,
         request_id_header=None if request_id_header.lower() == "none" else request_id_header,
         percentiles=percentiles, csv=csv_path, save_text=save_text, tokenizer=tokenizer, dataset=dataset,

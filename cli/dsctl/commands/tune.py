@@ -132,7 +132,7 @@ def run(
                                                               "engine's).")] = None,
     slo: Annotated[list[str] | None, typer.Option(
         "--slo", help="SLO, repeatable or comma-separated: ttft=200ms (p99), ttft:p95=200ms, tpot=50ms, e2el=2s, "
-                      "error_rate=1%.")] = None,
+                      "error_rate=1%; vLLM's ttft:200 (ms, p99) also works.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="goodput or throughput.")] = "goodput",
     budget: Annotated[int | None, typer.Option(
         "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.")] = None,

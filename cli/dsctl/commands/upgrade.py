@@ -59,8 +59,13 @@ def run(
     canary: Annotated[int | None, typer.Option("--canary", min=0, help="Hosts of the first batch (default: one "
                                                                        "batch).")] = None,
     max_regression: Annotated[str, typer.Option("--max-regression", help="Allowed probe regression against the "
-                                                                          "baseline, e.g. ttft=10%,throughput=5%.")]
+                                                                          "baseline, e.g. ttft=10%,throughput=5%,"
+                                                                          "ttft:p90=15% (latencies: the median "
+                                                                          "unless a statistic is named).")]
     = gate.DEFAULT,
+    slo: Annotated[str | None, typer.Option("--slo", help="Absolute bounds the gate probe must also meet, in tune's "
+                                                         "grammar: ttft=500ms (p99), e2el:p90=4s, vLLM's ttft:500.")]
+    = None,
     check: CheckOption = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the halted or interrupted upgrade.")] = False,
     rollback: Annotated[bool, typer.Option("--rollback", help="Return every host the upgrade touched to its "
@@ -81,7 +86,8 @@ def run(
     gate, undrain; a failed batch is rolled back to its previous stack and the rollout halts."""
     inputs = UpgradeInputs(
         inventory=inventory, cann=cann, driver=driver, firmware=firmware, vllm_ascend=vllm_ascend, batch=batch,
-        canary=canary, max_regression=max_regression, check=check, resume=resume, rollback=rollback,
+        canary=canary, max_regression=max_regression, slos=gate.parse_slos(slo), check=check, resume=resume,
+        rollback=rollback,
         workload=GateWorkload(requests=probe_requests, concurrency=probe_concurrency,
                               prompt_tokens=probe_prompt_tokens, output_tokens=probe_output_tokens),
         vault=vault_options(vault_password_file, ask_vault_pass))

@@ -35,7 +35,8 @@ from dsctl.adapters.ansible_run import new_artifacts_dir
 from dsctl.adapters.probe_client import Load, Preflight, RunResult, Target, Timeouts
 from dsctl.adapters.tokenizer import LocalTokenizer
 from dsctl.core.load import arrivals, dataset, limits, probe_metrics, sweep
-from dsctl.core.load.probe_metrics import RequestRecord, SloWatch
+from dsctl.core.load.probe_metrics import GOODPUT_METRICS, RequestRecord, SloWatch
+from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, engine_tokens, request_body
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services.ports import Prober, ProgressSink, no_progress
@@ -67,8 +68,8 @@ class ProbeConfig:
     output_tokens: str = "128"
     prompts: Path | None = None
     shared_prefix: float = 0.0
-    goodput: tuple[str, ...] = ()  # SLO terms: "ttft:200", "tpot:50"
-    slo_stat: str = "p90"
+    goodput: tuple[Slo, ...] = ()  # per-request bounds (ttft, tpot, e2el), each judged at its own statistic
+    slo_stat: str = "p90"  # the statistic the command's terms without one were given (slo_spec.parse_slos)
     early_stop: bool = False
     timeout: float = 300.0
     api_key: str | None = field(default=None, repr=False)  # never printed
@@ -100,6 +101,7 @@ class Plan:
     load: Load
     workload: Workload
     bounds_ms: dict[str, float]
+    statistics: dict[str, str]  # metric -> the statistic its bound binds in the verdict
     timeouts: Timeouts
     total_planned: int | None
     percentiles: tuple[float, ...] = probe_metrics.PERCENTILES
@@ -146,6 +148,27 @@ def read_dataset(path: Path, count: Callable[[str], int], what: str = "--dataset
         return dataset.parse(text, f"{what} {path}", count, sharegpt=sharegpt)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def goodput_bounds(slos: tuple[Slo, ...]) -> tuple[dict[str, float], dict[str, str]]:
+    """--goodput's SLOs -> the per-request bounds (metric -> ms) and the statistic each binds in the verdict.
+
+    A goodput bound is per request, as vLLM's: a request is good when each bound holds for it, so a metric is
+    bound once (two statistics of one metric would be two bounds for the same request), and only metrics a single
+    request has: ttft, tpot, e2el (itl is per token, error_rate per run: ``dsctl tune --slo`` judges those)."""
+    bounds: dict[str, float] = {}
+    statistics: dict[str, str] = {}
+    for slo in slos:
+        if slo.metric not in GOODPUT_METRICS:
+            raise UsageError(f"--goodput {slo.written!r}: a goodput bound is per request; it takes "
+                             f"{', '.join(GOODPUT_METRICS)}, not {slo.metric} (dsctl tune --slo judges {slo.metric})")
+        if slo.metric in bounds:
+            raise UsageError(f"--goodput {slo.written!r}: {slo.metric} is already bound "
+                             f"({slo.metric}:{statistics[slo.metric]}={bounds[slo.metric]:g}ms); a request has one "
+                             "bound per metric, keep one of them")
+        bounds[slo.metric] = slo.bound
+        statistics[slo.metric] = probe_metrics.parse_statistic(slo.statistic or "p90")
+    return bounds, statistics
 
 
 def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan:
@@ -211,11 +234,7 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
     if replay and cfg.requests is None:
         requests = len(data.timestamps)  # type: ignore[union-attr,arg-type]
 
-    try:
-        bounds = probe_metrics.parse_goodput(cfg.goodput)
-        probe_metrics.parse_statistic(cfg.slo_stat)
-    except ValueError as exc:
-        raise UsageError(f"--goodput: {exc}" if "goodput" in str(exc) else f"--slo-stat: {exc}") from None
+    bounds, statistics = goodput_bounds(cfg.goodput)
     if cfg.early_stop and not bounds:
         raise UsageError("--early-stop needs SLO bounds: add --goodput ttft:MS [tpot:MS] [e2el:MS]")
 
@@ -272,7 +291,8 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
                                       "skipped": data.skipped, "timestamps": data.timestamps is not None,
                                       "replayed": replay}
     return Plan(target=target, path=ENDPOINTS[cfg.endpoint], spec=spec, load=load, workload=workload,
-                bounds_ms=bounds, timeouts=timeouts, total_planned=total, percentiles=percentiles,
+                bounds_ms=bounds, statistics=statistics, timeouts=timeouts, total_planned=total,
+                percentiles=percentiles,
                 tokenizer=tokenizer, prompt_counting="tokenizer" if tokenizer is not None else "engine rule",
                 replay=replay, dataset_info=info, last_release=last_release)
 
@@ -320,7 +340,9 @@ def summarize(cfg: ProbeConfig, plan: Plan, model: str, result: RunResult, watch
         missed = watch.missed()
         met = not missed and result.stopped is None
         values = {k: ("inf" if v is not None and math.isinf(v) else v) for k, v in watch.values().items()}
-        slo = {"bounds_ms": plan.bounds_ms, "statistic": watch.statistic, "values_ms": values,
+        shared = set(watch.statistics.values())
+        slo = {"bounds_ms": plan.bounds_ms, "statistics": watch.statistics,
+               "statistic": shared.pop() if len(shared) == 1 else None, "values_ms": values,
                "met": met, "missed": missed, "early_stop": cfg.early_stop,
                "early_stopped": result.stopped is not None, "reason": result.stopped,
                "failed_requests_count_as_misses": True}
@@ -536,7 +558,7 @@ def modelled_result(result: RunResult, origin: float, scale: float) -> RunResult
 def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
          lag_samples: list[float] | None = None, *, tokenizer_check: bool = True) -> ProbeResult:
     """One probe; ``tokenizer_check``: with --tokenizer, check it against the server's prompt count first."""
-    watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned) if plan.bounds_ms else None
+    watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned, plan.statistics) if plan.bounds_ms else None
     scale = time_scale(prober, cfg, plan)
     origin = time.perf_counter()  # any fixed instant: modelled and wall differences agree from it
 

@@ -364,10 +364,7 @@ class LiveTune:
         self.trials = _Trials()
         self.host_locks = {slot.host: threading.Lock() for slot in plan.instances}
         self.baseline_outputs: list[str] | None = None
-        self.bounds = slo.goodput_bounds_ms(plan.slos)
-        stats = {s.statistic for s in plan.slos if s.statistic is not None}
-        # The probe's early stop judges one statistic for all its bounds: only when the SLOs share one.
-        self.early_stat = next(iter(stats)) if len(stats) == 1 else None
+        self.goodput = slo.goodput_slos(plan.slos)  # typed, to the probe: each bound judged at its statistic
 
     # ------------------------------------------------------------------ edges
 
@@ -405,8 +402,7 @@ class LiveTune:
             url=slot.url, model=self.plan.model, rate=rate, requests=self.inputs.requests, warmup=warmup,
             duration=PROBE_MAX_S if self.inputs.requests / rate > PROBE_MAX_S else None,
             prompt_tokens=self.inputs.prompt_tokens, output_tokens=self.inputs.output_tokens,
-            goodput=tuple(f"{k}:{v:g}" for k, v in self.bounds.items()),
-            slo_stat=self.early_stat or "p99", early_stop=bool(self.bounds) and self.early_stat is not None,
+            goodput=self.goodput, early_stop=bool(self.goodput),
             timeout=PROBE_TIMEOUT_S, api_key=self.plan.api_key, seed=seed,
             max_error_rate=1.0)  # failures are judged by the SLO (error_rate) and the crash check, not here
 

@@ -48,6 +48,7 @@ from dsctl.adapters import gateway as gateway_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
 from dsctl.core.fleet.versions import same_version
+from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.upgrade import gate
 from dsctl.core.upgrade.plan import (
@@ -123,6 +124,7 @@ class UpgradeInputs:
     batch: str = "1"
     canary: int | None = None
     max_regression: str = gate.DEFAULT
+    slos: tuple[Slo, ...] = ()  # --slo: absolute bounds on the gate probe (gate.parse_slos)
     check: bool = False
     resume: bool = False
     rollback: bool = False
@@ -268,6 +270,7 @@ class _Run:
         self.progress, self.fleet, self.state = progress, fleet, state
         self.path = path
         self.limits = gate.parse_max_regression(state.max_regression)
+        self.slos = gate.parse_slos(state.slo)
         self.instances = _instances(fleet)
         self.started = time.monotonic()
         self.batch_index = 0
@@ -348,13 +351,15 @@ class _Run:
                 except DsctlError as exc:
                     raise _BatchFailed(host, "gated", f"{key}: the gate probe failed: {exc}",
                                        ExitStatus.SLO_NOT_MET) from None
-                verdict = gate.compare(self.state.baseline.get(key) or {}, metrics, self.limits)
+                verdict = gate.compare(self.state.baseline.get(key) or {}, metrics, self.limits, self.slos)
                 lines.append(f"{item.instance.name}: {verdict.summary()}")
                 self.state.hosts[host].gate = {**(self.state.hosts[host].gate or {}), item.instance.name: {
                     **verdict.to_dict(), "summary": verdict.summary(), "delta": verdict.delta()}}
                 self.say([host], "gated", f"{key}: {verdict.summary()}")
                 if not verdict.passed:
-                    raise _BatchFailed(host, "gated", f"{key} regressed: {verdict.reason()}", ExitStatus.SLO_NOT_MET)
+                    regressed = verdict.failed_requests or not all(check.passed for check in verdict.checks)
+                    what = "regressed" if regressed else "missed the --slo"
+                    raise _BatchFailed(host, "gated", f"{key} {what}: {verdict.reason()}", ExitStatus.SLO_NOT_MET)
 
     # ---------------------------------------------------------------- a batch
 
@@ -677,7 +682,7 @@ def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, prog
             return UpgradeResult(hosts=(), check_mode=inputs.check, exit_status=ExitStatus.VALIDATION_FAILED,
                                  errors=tuple(problems), state_file=None, plan=plan.to_dict())
         state = UpgradeState.new(plan, inventory=str(inputs.inventory), max_regression=inputs.max_regression,
-                                 now=_now())
+                                 now=_now(), slo=",".join(s.label for s in inputs.slos))
         if inputs.check:
             rows = tuple(dataclasses.replace(row, status="would upgrade" if row.batch else row.status, stage="-")
                          for row in _rows(state, plan))

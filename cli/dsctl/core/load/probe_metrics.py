@@ -203,24 +203,6 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 # -- goodput / SLO bounds -----------------------------------------------------------------------------------
 
 
-def parse_goodput(terms: Iterable[str]) -> dict[str, float]:
-    """``["ttft:200", "tpot:50"]`` (also comma/space separated in one string) -> {"ttft": 200.0, "tpot": 50.0} ms."""
-    bounds: dict[str, float] = {}
-    for term in (t for raw in terms for t in raw.replace(",", " ").split()):
-        key, sep, value = term.partition(":")
-        key = key.strip().lower()
-        if not sep or key not in GOODPUT_METRICS:
-            raise ValueError(f"goodput term {term!r}: expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}")
-        try:
-            number = float(value.removesuffix("ms"))
-        except ValueError:
-            raise ValueError(f"goodput term {term!r}: {value!r} is not a number of milliseconds") from None
-        if not number > 0 or math.isinf(number):
-            raise ValueError(f"goodput term {term!r}: the bound must be a positive number of milliseconds")
-        bounds[key] = number
-    return bounds
-
-
 def request_values_ms(record: RequestRecord) -> dict[str, float]:
     """The per-request goodput metrics of a successful request in ms (TPOT 0 for <= 1 token, as vLLM does)."""
     tpot = record.tpot
@@ -430,15 +412,18 @@ class SloWatch:
     nothing is ever certain, so it never fires.
     """
 
-    def __init__(self, bounds_ms: Mapping[str, float], statistic: str = "p90", total_planned: int | None = None):
+    def __init__(self, bounds_ms: Mapping[str, float], statistic: str = "p90", total_planned: int | None = None,
+                 statistics: Mapping[str, str] | None = None):
         unknown = set(bounds_ms) - set(GOODPUT_METRICS)
         if unknown:
             raise ValueError(f"unknown SLO metric(s): {', '.join(sorted(unknown))}")
         if not bounds_ms:
             raise ValueError("an SLO needs at least one bound")
         self.bounds_ms = dict(bounds_ms)
-        self.statistic = parse_statistic(statistic)
-        self.q = STATISTICS[self.statistic]
+        self.statistic = parse_statistic(statistic)  # the statistic of a bound ``statistics`` does not name
+        # per metric: ``--goodput ttft:p95=200ms`` binds p95 for ttft whatever --slo-stat says
+        self.statistics = {m: parse_statistic((statistics or {}).get(m, self.statistic)) for m in self.bounds_ms}
+        self._q = {m: STATISTICS[stat] for m, stat in self.statistics.items()}
         self.total_planned = total_planned
         self.finished = 0
         self._sorted: dict[str, list[float]] = {m: [] for m in self.bounds_ms}
@@ -465,9 +450,10 @@ class SloWatch:
         n = len(data) + zeros
         if n == 0:
             return None
-        if self.q is None:
+        q = self._q[metric]
+        if q is None:
             return self._sums[metric] / n
-        h = (n - 1) * self.q / 100.0
+        h = (n - 1) * q / 100.0
         lo = math.floor(h)
         frac = h - lo
 
@@ -495,8 +481,8 @@ class SloWatch:
         for metric, bound in self.bounds_ms.items():
             best = self._statistic(metric, remaining)
             if best is not None and best > bound:
-                return (f"{metric} {self.statistic} is at least {_fmt_ms(best)} ms even if the {remaining} remaining "
-                        f"request(s) are instant; SLO {bound:g} ms")
+                return (f"{metric} {self.statistics[metric]} is at least {_fmt_ms(best)} ms even if the "
+                        f"{remaining} remaining request(s) are instant; SLO {bound:g} ms")
         return None
 
     def missed(self) -> list[str]:
@@ -505,7 +491,7 @@ class SloWatch:
         for metric, bound in self.bounds_ms.items():
             value = self._statistic(metric, 0)
             if value is not None and value > bound:
-                out.append(f"{metric} {self.statistic} {_fmt_ms(value)} ms > {bound:g} ms")
+                out.append(f"{metric} {self.statistics[metric]} {_fmt_ms(value)} ms > {bound:g} ms")
         return out
 
 

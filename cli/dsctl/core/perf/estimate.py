@@ -13,7 +13,8 @@ with ``vllm bench serve --max-concurrency`` (serving-and-tuning.md s.2):
 * E2EL = worst TTFT + (output - 1) x TPOT. Throughput = B x output / cycle, cycle = B x prefill +
   (output - 1) x decode step (the steady-state life of one request).
 
-Verdicts compare predictions with the SLO (ms, vLLM goodput keys ttft/tpot/e2el). An infeasible one says why
+Verdicts compare predictions with the SLOs (dsctl.core.load.slo_spec: ttft, tpot, e2el at any statistic).
+An infeasible one says why
 and gives bounds: the time at peak compute or bandwidth (no efficiency, no overheads) on the chips asked for,
 and the fewest chips for which that bound -- and the efficiency-scaled roofline -- meets the SLO, assuming
 perfect tensor-parallel scaling (so real deployments need at least that many).
@@ -21,12 +22,12 @@ perfect tensor-parallel scaling (so real deployments need at least that many).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dsctl.core.load import limits
+from dsctl.core.load import limits, slo_spec
+from dsctl.core.load.slo_spec import Slo
 from dsctl.core.perf.perfmodel import (
     GB,
     Chip,
@@ -55,29 +56,15 @@ SLO_METRICS = ("ttft", "tpot", "e2el")
 WEIGHT_FORMATS = {"bf16": 2.0, "int8": 1.0}  # bytes per parameter; int8 = W8A8 checkpoints
 MAX_CHIPS = 1 << 16  # search limit for "at least M chips"; beyond it a verdict says "no chip count"
 
-_SLO_ITEM = re.compile(r"(?P<key>[a-z0-9_]+)(?:=|:)(?P<value>\d+(?:\.\d*)?|\.\d+)(?P<unit>ms|s)?")
 
-
-def parse_slo(text: str) -> dict[str, float]:
-    """``ttft=200ms,tpot=50ms`` (or vLLM's goodput form ``ttft:200 tpot:50``, ms) -> {metric: ms}."""
-    slo: dict[str, float] = {}
-    for item in (part for part in re.split(r"[,\s]+", text.strip().lower()) if part):
-        match = _SLO_ITEM.fullmatch(item)
-        if match is None:
-            raise UsageError(f"--slo: cannot read {item!r}; write metric=value[ms|s], e.g. ttft=200ms,tpot=50ms "
-                             f"(vLLM's ttft:200 means ms)")
-        key = match["key"]
-        if key not in SLO_METRICS:
-            raise UsageError(f"--slo: unknown metric {key!r}; known: {', '.join(SLO_METRICS)}")
-        if key in slo:
-            raise UsageError(f"--slo: {key} given twice")
-        value = float(match["value"]) * (1000.0 if match["unit"] == "s" else 1.0)
-        if value <= 0:
-            raise UsageError(f"--slo: {key} must be positive, got {item!r}")
-        slo[key] = value
-    if not slo:
-        raise UsageError("--slo is empty; write e.g. ttft=200ms,tpot=50ms")
-    return slo
+def parse_slo(text: str) -> tuple[Slo, ...]:
+    """``--slo`` in dsctl's one SLO grammar (`dsctl.core.load.slo_spec`): ``ttft=200ms,tpot:mean=50ms`` or vLLM's
+    ``ttft:200 tpot:50`` (ms); what the roofline does not model (itl, error_rate) refused in one line."""
+    slos = slo_spec.parse_slos([text])
+    slo_spec.refuse_unsupported(slos, SLO_METRICS, "--slo", "estimate",
+                                " (the roofline models each request's TTFT, TPOT and E2EL; dsctl tune measures "
+                                "the rest)")
+    return slos
 
 
 @dataclass(frozen=True)
@@ -88,6 +75,7 @@ class Verdict:
     feasible: bool
     reason: str
     target_ms: float | None = None
+    statistic: str | None = None              # what the target binds: mean, or a percentile (the burst's worst)
     predicted_ms: float | None = None
     bound_ms: float | None = None             # at peak on the chips asked for: nothing can beat it
     min_chips_peak: int | None = None         # fewest chips whose peak bound meets the target
@@ -95,7 +83,10 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        return self.metric if self.target_ms is None else f"{self.metric}={_ms_text(self.target_ms)}"
+        if self.target_ms is None:
+            return self.metric
+        stat = "" if self.statistic in (None, slo_spec.DEFAULT_STATISTIC) else f":{self.statistic}"
+        return f"{self.metric}{stat}={_ms_text(self.target_ms)}"
 
     @property
     def line(self) -> str:
@@ -148,9 +139,13 @@ def weight_format(weight_bytes: float) -> str:
 
 
 def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output_tokens: int, concurrency: int = 1,
-             chips: int = 1, weight_bytes: float = 2.0, slo: dict[str, float] | None = None,
+             chips: int = 1, weight_bytes: float = 2.0, slo: Sequence[Slo] = (),
              efficiency: Efficiency | None = None, memory_utilization: float = 0.9) -> Estimate:
-    """Predict one workload on one deployment and judge it against ``slo`` ({metric: ms})."""
+    """Predict one workload on one deployment and judge it against the SLOs ``slo``.
+
+    The model gives each request of a burst its own TTFT, so a statistic is judged on it: ``mean`` on the mean
+    TTFT (and E2EL), a percentile on the worst -- the last arrival's, an upper bound on every percentile, so the
+    verdict errs on the safe side.  TPOT is one value in steady state: every statistic of it is that value."""
     chip = chip_by_name(chip) if isinstance(chip, str) else chip
     model = model_by_name(model) if isinstance(model, str) else model
     for name, value in (("prompt tokens", prompt_tokens), ("output tokens", output_tokens),
@@ -197,10 +192,13 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
         startup_s=startup_seconds(d),
     )
     verdicts = [_memory_verdict(d, result)]
-    for metric, target_ms in (slo or {}).items():
-        if metric not in SLO_METRICS:
-            raise UsageError(f"unknown SLO metric {metric!r}; known: {', '.join(SLO_METRICS)}")
-        verdicts.append(_JUDGES[metric](d, result, target_ms / 1e3))
+    slo_spec.refuse_unsupported(slo, SLO_METRICS, "--slo", "estimate")
+    for target in slo:
+        judged = result
+        if target.statistic == "mean":  # judge the burst's mean: the judges read the worst TTFT
+            judged = replace(result, ttft_worst_s=result.ttft_mean_s, e2el_s=result.ttft_mean_s + steps * tpot)
+        verdict = _JUDGES[target.metric](d, judged, target.bound / 1e3)
+        verdicts.append(replace(verdict, statistic=target.statistic))
     return replace(result, verdicts=tuple(verdicts))
 
 

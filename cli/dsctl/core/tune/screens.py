@@ -33,8 +33,10 @@ def _bounds(slos: Sequence[slo_mod.Slo]) -> dict[str, float]:
 def check(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, slos: Sequence[slo_mod.Slo],
           chips: int, memory_utilization: float = 0.9, weight_bytes: float = 2.0) -> str | None:
     """The reason a deployment cannot meet ``slos`` (or cannot start), or None."""
+    # the tightest bound per metric, judged on the burst's worst request (estimate's percentile verdict)
+    targets = [slo_mod.Slo(metric, slo_mod.DEFAULT_STATISTIC, bound) for metric, bound in _bounds(slos).items()]
     result = estimate(chip, model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, chips=chips,
-                      weight_bytes=weight_bytes, slo=_bounds(slos), memory_utilization=memory_utilization)
+                      weight_bytes=weight_bytes, memory_utilization=memory_utilization, slo=targets)
     beyond = [v for v in result.verdicts
               if v.bound_ms is not None and v.target_ms is not None and v.bound_ms > v.target_ms]
     memory = [v for v in result.verdicts if v.metric == "memory" and not v.feasible]

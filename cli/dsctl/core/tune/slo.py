@@ -1,17 +1,12 @@
-"""`dsctl tune --slo`: the SLO grammar, and whether a probe's metrics meet it (pure, no I/O).
+"""`dsctl tune --slo` (and the upgrade gate's ``--slo``): whether a probe's metrics meet SLOs (pure, no I/O).
 
-Grammar (one ``--slo`` option per SLO, or several comma-separated in one; they all must hold)::
-
-    ttft=200ms            TTFT p99 <= 200 ms (the default statistic is p99, as vLLM's benchmarks/auto_tune
-                          binds P99 E2EL; AIPerf defaults to p95 for TTFT, so say ttft:p95=... to match it)
-    ttft:p95=200ms        an explicit statistic: mean, median (= p50), p50, p90, p95, p99
-    tpot:mean=50ms        TPOT, ITL and E2EL likewise (ms or s; a bare number is ms, as in vLLM's --goodput)
-    e2el=2s
-    error_rate=1%         failed / (completed + failed) requests; a percentage or a fraction (0.01)
+The grammar is dsctl's one SLO grammar, `dsctl.core.load.slo_spec` (re-exported here): one ``--slo`` option per
+SLO, or several comma-separated in one, all of which must hold; ``ttft=200ms`` and vLLM's ``ttft:200`` bind the
+default statistic p99 (as vLLM's benchmarks/auto_tune binds P99 E2EL; AIPerf defaults to p95 for TTFT, so say
+``ttft:p95=...`` to match it); ``error_rate=1%`` is failed / (completed + failed) requests.
 
 Metric definitions are `vllm bench serve`'s (dsctl.core.load.probe_metrics; serving-and-tuning.md section 2):
-statistics are over successful requests, failed ones count only in ``error_rate``.  The statistics offered are
-the ones ``dsctl probe`` reports (probe_metrics.PERCENTILES and the mean).
+statistics are over successful requests, failed ones count only in ``error_rate``.
 
 `judge` compares a metrics summary (the dict `probe_metrics.calculate_metrics` returns) with the SLOs.  Each
 SLO's margin is relative, ``(value - bound) / bound`` (0.25 = 25 % over), so SLOs in different units compare and
@@ -23,47 +18,28 @@ the one with the least headroom.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsctl.core.load.probe_metrics import GOODPUT_METRICS, PERCENTILES
-from dsctl.errors import UsageError
+from dsctl.core.load.probe_metrics import GOODPUT_METRICS
+from dsctl.core.load.slo_spec import (  # noqa: F401  (re-exported: the tuner's names for the grammar)
+    DEFAULT_STATISTIC,
+    ERROR_RATE,
+    EXAMPLE,
+    LATENCY_METRICS,
+    METRICS,
+    STATISTICS,
+    Slo,
+    lex,
+    parse_slos,
+    to_slo,
+)
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-ERROR_RATE = "error_rate"
-METRICS = (*LATENCY_METRICS, ERROR_RATE)
-DEFAULT_STATISTIC = "p99"
-STATISTICS = ("mean", *(f"p{p:g}" for p in PERCENTILES))
-_STAT_ALIASES = {"median": "p50", "avg": "mean", "average": "mean"}
-EXAMPLE = "e.g. ttft=200ms, ttft:p95=200ms, tpot=50ms, e2el=2s or error_rate=1%"
 
-_TOKEN_RE = re.compile(r"(?P<metric>[a-z_0-9]+)(?::(?P<stat>[a-z0-9_.]+))?=(?P<number>[0-9]*\.?[0-9]+)"
-                       r"(?P<unit>ms|s|%)?")
-
-
-@dataclass(frozen=True)
-class Slo:
-    """``metric`` at ``statistic`` <= ``bound`` (ms for latencies, a fraction for error_rate)."""
-
-    metric: str
-    statistic: str | None  # None for error_rate
-    bound: float
-
-    @property
-    def key(self) -> str:
-        """``ttft:p99``, ``error_rate``: the name of its constraint and of its value in results."""
-        return self.metric if self.statistic is None else f"{self.metric}:{self.statistic}"
-
-    @property
-    def label(self) -> str:
-        if self.metric == ERROR_RATE:
-            return f"{ERROR_RATE}={self.bound * 100:g}%"
-        return f"{self.key}={self.bound:g}ms"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "statistic": self.statistic, "bound": self.bound, "label": self.label}
+def parse_slo_token(token: str) -> Slo:
+    """One ``metric[:statistic]=value[unit]`` (or ``metric:ms``) token -> `Slo`; `UsageError` naming the fix."""
+    return to_slo(lex(token))
 
 
 @dataclass(frozen=True)
@@ -125,64 +101,6 @@ def _percent(margin: float) -> str:
     return "an unbounded amount" if math.isinf(margin) else f"{margin * 100:.1f} %"
 
 
-def _fail(token: str, why: str) -> UsageError:
-    return UsageError(f"--slo {token!r}: {why}")
-
-
-def parse_slo_token(token: str) -> Slo:
-    """One ``metric[:statistic]=value[unit]`` token -> `Slo`; `UsageError` naming the token and the fix."""
-    text = token.strip().lower()
-    match = _TOKEN_RE.fullmatch(text)
-    if match is None:
-        raise _fail(token, f"expected metric[:statistic]=value[ms|s|%], {EXAMPLE}")
-    metric, stat, unit = match["metric"], match["stat"], match["unit"]
-    if metric not in METRICS:
-        raise _fail(token, f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
-    number = float(match["number"])
-    if metric == ERROR_RATE:
-        if stat is not None:
-            raise _fail(token, "error_rate takes no statistic; write error_rate=1%")
-        if unit in ("ms", "s"):
-            raise _fail(token, "error_rate is a share of requests, not a time; write error_rate=1% or 0.01")
-        bound = number / 100.0 if unit == "%" else number
-        if bound > 1:
-            raise _fail(token, "error_rate above 100 % means nothing; write a percentage such as error_rate=1%")
-        return Slo(ERROR_RATE, None, bound)
-    if unit == "%":
-        raise _fail(token, f"{metric} is a time; write it in ms or s, e.g. {metric}=200ms")
-    statistic = DEFAULT_STATISTIC if stat is None else _STAT_ALIASES.get(stat, stat)
-    if statistic not in STATISTICS:
-        raise _fail(token, f"unknown statistic {stat!r}; use one of {', '.join(STATISTICS)} (or median)")
-    bound = number * 1000.0 if unit == "s" else number
-    if not bound > 0:
-        raise _fail(token, f"a latency bound must be positive; write e.g. {metric}=200ms")
-    return Slo(metric, statistic, bound)
-
-
-def parse_slos(values: Iterable[str]) -> tuple[Slo, ...]:
-    """Every ``--slo`` value (each may hold several comma-separated tokens) -> the SLOs, in the order given.
-
-    The same metric may be bound at two statistics (``ttft:p50=100ms,ttft:p99=300ms``); the same metric and
-    statistic twice is refused."""
-    slos: list[Slo] = []
-    seen: dict[str, str] = {}
-    for value in values:
-        tokens = [part.strip() for part in str(value).split(",")]
-        if not any(tokens):
-            raise UsageError(f"--slo {value!r}: empty; {EXAMPLE}")
-        for token in tokens:
-            if not token:
-                raise _fail(value, "an empty item between commas; remove the extra comma")
-            slo = parse_slo_token(token)
-            if slo.key in seen:
-                raise _fail(token, f"{slo.key} is already bound by {seen[slo.key]!r}; keep one of them")
-            seen[slo.key] = token
-            slos.append(slo)
-    if not slos:
-        raise UsageError(f"--slo is required; {EXAMPLE}")
-    return tuple(slos)
-
-
 def goodput_bounds_ms(slos: Sequence[Slo]) -> dict[str, float]:
     """The per-request bounds a probe's goodput counts (vLLM's --goodput keys ttft, tpot, e2el): for each metric
     the tightest bound over its statistics.  ITL and error_rate have no per-request form."""
@@ -191,6 +109,18 @@ def goodput_bounds_ms(slos: Sequence[Slo]) -> dict[str, float]:
         if slo.metric in GOODPUT_METRICS:
             bounds[slo.metric] = min(bounds.get(slo.metric, math.inf), slo.bound)
     return bounds
+
+
+def goodput_slos(slos: Sequence[Slo]) -> tuple[Slo, ...]:
+    """The SLOs a probe takes as per-request goodput bounds (`dsctl.services.probe.ProbeConfig.goodput`): for
+    each of ttft, tpot, e2el the SLO with the tightest bound (the bounds of `goodput_bounds_ms`), at its own
+    statistic.  Each is one of ``slos``, so a probe that certainly misses one has missed the SLOs: its early
+    stop is sound whatever statistics the SLOs bind."""
+    tightest: dict[str, Slo] = {}
+    for slo in slos:
+        if slo.metric in GOODPUT_METRICS and (slo.metric not in tightest or slo.bound < tightest[slo.metric].bound):
+            tightest[slo.metric] = slo
+    return tuple(tightest.values())
 
 
 def measured(metrics: Mapping[str, Any], slo: Slo) -> float:

@@ -2,7 +2,12 @@
 
 ``--max-regression ttft=10%,throughput=5%`` allows TTFT to grow by at most 10 % and output throughput to drop by
 at most 5 %.  "It starts" is not enough: vllm-ascend#3269 reports TTFT 174 -> 440 ms on the same workload between
-two releases (issue 11).  A term may name the statistic: ``ttft.p90=15%`` (default: the median for latencies).
+two releases (issue 11).  A term may name the statistic: ``ttft:p90=15%`` (default: the median for latencies;
+``ttft.p90=15%`` is the older spelling).  The terms are dsctl's one SLO grammar (`dsctl.core.load.slo_spec`).
+
+``--slo ttft=500ms,e2el:p90=4s`` adds absolute bounds in the same grammar: the new stack's gate probe must meet
+them (`dsctl.core.tune.slo.judge`; a term without a statistic binds p99, as in ``dsctl tune``), whatever the
+baseline did.
 
 Metrics are `dsctl.core.load.probe_metrics.calculate_metrics` dicts (what ``dsctl probe --json`` prints under
 ``data.metrics``).  Any failed request of the gate probe fails the gate, whatever the limits.
@@ -10,11 +15,13 @@ Metrics are `dsctl.core.load.probe_metrics.calculate_metrics` dicts (what ``dsct
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dsctl.core.load import slo_spec
+from dsctl.core.tune import slo as slo_verdict
 from dsctl.errors import UsageError
 
 # term -> (metrics key, True when higher is worse); latencies are summaries (median, pNN), throughputs numbers
@@ -26,9 +33,7 @@ TERMS: dict[str, tuple[str, bool]] = {
     "throughput": ("output_throughput", False),
     "request_throughput": ("request_throughput", False),
 }
-LATENCY_STATS = ("mean", "median", "p50", "p90", "p95", "p99")
 DEFAULT = "ttft=10%,throughput=5%"
-_TERM = re.compile(r"^([a-z_]+)(?:\.([a-z0-9]+))?=(\d+(?:\.\d+)?)%$")
 
 
 @dataclass(frozen=True)
@@ -39,33 +44,38 @@ class Limit:
 
     @property
     def label(self) -> str:
-        return f"{self.term}.{self.statistic}" if self.statistic and self.statistic != "median" else self.term
+        return f"{self.term}:{self.statistic}" if self.statistic and self.statistic != "median" else self.term
+
+
+def parse_slos(text: str | None, option: str = "--slo") -> tuple[slo_spec.Slo, ...]:
+    """``--slo`` of the upgrade: absolute bounds the gate probe must meet (none when not given)."""
+    return () if not text else slo_spec.parse_slos([text], option)
 
 
 def parse_max_regression(text: str, option: str = "--max-regression") -> tuple[Limit, ...]:
-    """``ttft=10%,throughput=5%`` -> limits; UsageError naming the bad term."""
+    """``ttft=10%,throughput=5%,ttft:p90=15%`` -> limits; UsageError naming the bad term.
+
+    The terms are dsctl's one SLO grammar (`dsctl.core.load.slo_spec`, ``metric[:stat]=value``) with a
+    percentage for a value; ``ttft.p90=15%`` (a dot) is the older spelling of ``ttft:p90=15%``."""
     limits: list[Limit] = []
     for raw in (part.strip() for part in str(text).split(",")):
         if not raw:
             continue
-        match = _TERM.match(raw)
-        if not match:
-            raise UsageError(f"{option} {raw!r}: expected TERM=P% such as ttft=10% or throughput=5% "
-                             f"(terms: {', '.join(TERMS)})")
-        term, statistic, percent = match.group(1), match.group(2), float(match.group(3))
-        if term not in TERMS:
-            raise UsageError(f"{option} {raw!r}: unknown term {term!r}; use one of {', '.join(TERMS)}")
-        key, worse_up = TERMS[term]
-        if worse_up:
+        term = slo_spec.lex(raw, option) if slo_spec.is_term(raw) else None  # an unknown statistic: lex says so
+        if term is None or term.unit != "%":
+            raise UsageError(f"{option} {raw!r}: expected TERM[:STAT]=P% such as ttft=10%, ttft:p90=15% or "
+                             f"throughput=5% (terms: {', '.join(TERMS)})")
+        if term.metric not in TERMS:
+            raise UsageError(f"{option} {raw!r}: unknown term {term.metric!r}; use one of {', '.join(TERMS)}")
+        _, worse_up = TERMS[term.metric]
+        statistic = term.statistic
+        if worse_up:  # probe summaries name p50 "median"
             statistic = "median" if statistic in (None, "p50") else statistic
-            if statistic not in LATENCY_STATS:
-                raise UsageError(f"{option} {raw!r}: unknown statistic {statistic!r}; use one of "
-                                 f"{', '.join(LATENCY_STATS)}")
         elif statistic is not None:
-            raise UsageError(f"{option} {raw!r}: {term} is one number, it takes no statistic")
-        if any(limit.term == term and limit.statistic == statistic for limit in limits):
-            raise UsageError(f"{option} {raw!r}: {term} is given twice")
-        limits.append(Limit(term, statistic, percent))
+            raise UsageError(f"{option} {raw!r}: {term.metric} is one number, it takes no statistic")
+        if any(limit.term == term.metric and limit.statistic == statistic for limit in limits):
+            raise UsageError(f"{option} {raw!r}: {term.metric} is given twice")
+        limits.append(Limit(term.metric, statistic, term.number))
     if not limits:
         raise UsageError(f"{option}: empty; give at least one term such as {DEFAULT}")
     return tuple(limits)
@@ -89,10 +99,10 @@ class Check:
     passed: bool
 
     def line(self) -> str:
-        unit = " ms" if TERMS[self.term.split(".")[0]][1] else " tok/s"
+        unit = " ms" if TERMS[self.term.split(":")[0]][1] else " tok/s"
         if self.baseline is None or self.current is None:
             return f"{self.term}: not measured (baseline {_num(self.baseline)}, now {_num(self.current)})"
-        worse = "max +" if TERMS[self.term.split(".")[0]][1] else "max -"
+        worse = "max +" if TERMS[self.term.split(":")[0]][1] else "max -"
         verdict = "ok" if self.passed else "REGRESSED"
         return (f"{self.term} {self.baseline:.1f} -> {self.current:.1f}{unit} ({self.change_percent:+.1f}%, "
                 f"{worse}{self.limit_percent:g}%) {verdict}")
@@ -107,17 +117,19 @@ class GateResult:
     checks: tuple[Check, ...]
     failed_requests: int
     completed: int
+    slo_checks: tuple[slo_verdict.Check, ...] = ()  # --slo: absolute bounds on the gate probe
 
     def reason(self) -> str:
-        """One line: the regressions with their numbers, or the failed requests."""
+        """One line: the regressions with their numbers, the missed SLOs, or the failed requests."""
         parts = []
         if self.failed_requests or not self.completed:
             parts.append(f"{self.failed_requests} of {self.failed_requests + self.completed} gate requests failed")
         parts += [check.line() for check in self.checks if not check.passed]
-        return "; ".join(parts) if parts else "; ".join(check.line() for check in self.checks)
+        parts += [check.line for check in self.slo_checks if not check.ok]
+        return "; ".join(parts) if parts else self.summary()
 
     def summary(self) -> str:
-        return "; ".join(check.line() for check in self.checks)
+        return "; ".join([check.line() for check in self.checks] + [check.line for check in self.slo_checks])
 
     def delta(self) -> str:
         """The changes alone, for a table: "ttft +3.2%, throughput -1.0%"."""
@@ -126,6 +138,7 @@ class GateResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "checks": [c.to_dict() for c in self.checks],
+                "slo": [{"slo": c.slo.label, "value": _finite(c.value), "ok": c.ok} for c in self.slo_checks],
                 "failed_requests": self.failed_requests, "completed": self.completed}
 
 
@@ -133,8 +146,14 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], limits: tuple[Limit, ...]) -> GateResult:
-    """Pass when every limited metric is within its limit of the baseline and no gate request failed."""
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], limits: tuple[Limit, ...],
+            slos: Sequence[slo_spec.Slo] = ()) -> GateResult:
+    """Pass when every limited metric is within its limit of the baseline, ``current`` meets every SLO and no
+    gate request failed."""
     checks = []
     for limit in limits:
         before, now = metric_value(baseline, limit), metric_value(current, limit)
@@ -149,5 +168,8 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], limits: tup
         checks.append(Check(limit.label, before, now, change, limit.percent, passed))
     failed = int(current.get("failed") or 0)
     completed = int(current.get("completed") or 0)
-    passed = all(check.passed for check in checks) and failed == 0 and completed > 0
-    return GateResult(passed=passed, checks=tuple(checks), failed_requests=failed, completed=completed)
+    slo_checks = slo_verdict.judge(slos, current).checks if slos else ()
+    passed = all(check.passed for check in checks) and all(c.ok for c in slo_checks) and failed == 0 \
+        and completed > 0
+    return GateResult(passed=passed, checks=tuple(checks), failed_requests=failed, completed=completed,
+                      slo_checks=slo_checks)

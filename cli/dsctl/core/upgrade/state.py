@@ -86,15 +86,16 @@ class UpgradeState:
     inventory_versions: dict[str, dict[str, Any]] = field(default_factory=dict)
     inventory_written: dict[str, list[str]] = field(default_factory=dict)
     inventory_changes: dict[str, str] = field(default_factory=dict)  # what the upgrade writes once every host is done
+    slo: str = ""  # --slo as canonical terms (slo_spec labels, comma-joined): a --resume gates on the same bounds
 
     # ------------------------------------------------------------------ building and reading
 
     @classmethod
-    def new(cls, plan: UpgradePlan, *, inventory: str, max_regression: str, now: str) -> UpgradeState:
+    def new(cls, plan: UpgradePlan, *, inventory: str, max_regression: str, now: str, slo: str = "") -> UpgradeState:
         hosts = {item.host: HostRun(item.host, item.source, item.target) for item in plan.hosts
                  if any(item.host in batch for batch in plan.batches)}
         return cls(inventory=inventory, batches=[list(b) for b in plan.batches], hosts=hosts,
-                   max_regression=max_regression, created=now, updated=now)
+                   max_regression=max_regression, created=now, updated=now, slo=slo)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "inventory": self.inventory, "batches": self.batches,
@@ -102,7 +103,7 @@ class UpgradeState:
                 "max_regression": self.max_regression, "created": self.created, "updated": self.updated,
                 "baseline": self.baseline, "halted": self.halted, "rollback": self.rollback,
                 "inventory_versions": self.inventory_versions, "inventory_written": self.inventory_written,
-                "inventory_changes": self.inventory_changes}
+                "inventory_changes": self.inventory_changes, "slo": self.slo}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -121,7 +122,7 @@ class UpgradeState:
                         hosts=hosts, max_regression=str(data["max_regression"]), created=str(data["created"]),
                         updated=str(data["updated"]), baseline=dict(data.get("baseline") or {}),
                         halted=data.get("halted"), rollback=bool(data.get("rollback")),
-                        inventory_versions=dict(data.get("inventory_versions") or {}),
+                        inventory_versions=dict(data.get("inventory_versions") or {}), slo=str(data.get("slo") or ""),
                         inventory_written={str(k): list(v) for k, v in (data.get("inventory_written") or {}).items()},
                         inventory_changes={str(k): str(v) for k, v in (data.get("inventory_changes") or {}).items()})
         except (KeyError, TypeError, AttributeError) as exc:
