@@ -115,6 +115,7 @@ class TuneResult:
             "best": None if self.best is None else _jsonable(self.best),
             "closest": None if self.closest is None else _jsonable(self.closest),
             "notes": list(self.space.notes), "trials": [_jsonable(t) for t in self.ranked()],
+            "capacity": {"winner": capacity_figure(self.best)},
         }
 
 
@@ -376,6 +377,38 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
         errors = (_nothing_met(result),)
     return TuneResult(inputs, space, tuple(result.trials), result.best, result.closest, result.counts,
                       result.stopped, trials_path, plot_path, status, errors)
+
+
+def capacity_figure(record: TrialRecord | None) -> dict[str, Any] | None:
+    """A trial's capacity for the report: sustained rate, per NPU, whether only a lower bound, window, samples."""
+    if record is None or record.capacity is None:
+        return None
+    cap = record.capacity
+    return {"trial": record.number, "sustained_rate": cap.get("sustained_rate"), "per_npu": cap.get("per_npu"),
+            "at_ceiling": cap.get("at_ceiling"), "noise": cap.get("noise"), "window_s": cap.get("window_s"),
+            "samples": cap.get("samples")}
+
+
+def _rate_text(figure: dict[str, Any]) -> str:
+    rate, per = figure.get("sustained_rate"), figure.get("per_npu")
+    if rate is None:
+        return "none sustained"
+    text = f"{rate:.3g} req/s ({per:.3g} per NPU)"
+    return f"≥ {text}, not measured above" if figure.get("at_ceiling") else text
+
+
+def capacity_line(best: TrialRecord | None, baseline: TrialRecord | None = None) -> str:
+    """``capacity: trial 3 sustains 6.2 req/s (1.5 per NPU) against the baseline's 4.1 req/s (1.0 per NPU)``."""
+    winner = capacity_figure(best)
+    if winner is None:
+        return ""
+    line = f"capacity: trial {winner['trial']} sustains {_rate_text(winner)}"
+    base = capacity_figure(baseline)
+    if base is not None and baseline is not best:
+        line += f" against the baseline's (trial {base['trial']}) {_rate_text(base)}"
+    elif base is not None:
+        line += " (the baseline)"
+    return line
 
 
 def config_text(record: TrialRecord) -> str:
