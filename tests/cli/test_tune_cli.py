@@ -42,9 +42,8 @@ def test_simulate_prints_the_ranked_table_progress_and_the_artifacts(tmp_path):
 
 
 def test_json_envelope_and_exit_6_naming_the_closest(tmp_path):
-    result = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft:median=300ms", "--rate", "40",
-                     "--budget", "3",
-                     "--json")
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft:median=300ms",
+                     "--rate", "40", "--budget", "3", "--json")
     assert result.returncode == 6, result.stderr
     envelope = json.loads(result.stdout)
     assert envelope["command"] == ["tune"] and envelope["exit_code"] == 6 and envelope["status"] == "partial"
