@@ -17,7 +17,7 @@ All three sample only grid points (the space is pinned to the grid with --param 
 is a lookup in the exhaustive table.  Reported per method, median over the seeds: the best feasible goodput found
 as % of the optimum (0 when none was found) and the share of its restarts that crashed or missed the SLO.
 
-Usage: .venv/bin/python bench/tune.py [--requests 100] [--restarts 25] [--seeds 5] [--engines fixed-batch,vllm-ascend]
+Usage: .venv/bin/python bench/tune.py [--requests N] [--restarts 25] [--seeds 5] [--engines fixed-batch,vllm-ascend]
                                        [--targets A,B,C]
 The exhaustive tables take most of the time (about 700 evaluations per target at 0.05-0.5 s each on the shared
 2-core machine): expect tens of minutes with the defaults; it is a benchmark, not a test.
@@ -137,21 +137,22 @@ def run_grid(table: Table, grid: dict[str, tuple], seed: int, restarts: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=None,
+                        help="floor on a probe's measured requests (default: the SLO's sample-size rule)")
     parser.add_argument("--restarts", type=int, default=25)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--engines", default="fixed-batch,vllm-ascend")
     parser.add_argument("--targets", default="A,B,C")
     args = parser.parse_args(argv)
     print(f"{MODEL} on one 910B3, prompts {PROMPTS}, outputs {OUTPUTS}, max_model_len {MAX_MODEL_LEN}, "
-          f"{args.requests} requests per evaluation; {args.restarts} restarts per method, median over "
+          f"{args.requests or 'the sample-size rule of'} requests per evaluation; {args.restarts} restarts per method, median over "
           f"{args.seeds} seeds")
     for name in args.engines.split(","):
         engine, grid = GRIDS[name]
         for target in args.targets.split(","):
             slo_text, rate = TARGETS[target]
             inputs, space = pinned_space(name, engine, grid)
-            inputs = tune.TuneInputs(**{**vars(inputs), "slos": (slo_text,), "rate": rate,
+            inputs = tune.TuneInputs(**{**vars(inputs), "slos": (slo_text,), "rate": rate, "objective": "goodput",
                                         "requests": args.requests})
             started = time.monotonic()
             table = Table(inputs, space, grid)
