@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="A,B,C")
     args = parser.parse_args(argv)
     print(f"{MODEL} on one 910B3, prompts {PROMPTS}, outputs {OUTPUTS}, max_model_len {MAX_MODEL_LEN}, "
-          f"{args.requests or 'the sample-size rule of'} requests per evaluation; {args.restarts} restarts per method, median over "
-          f"{args.seeds} seeds")
+          f"{args.requests or 'the sample-size rule of'} requests per evaluation; {args.restarts} restarts per "
+          f"method, median over {args.seeds} seeds")
     for name in args.engines.split(","):
         engine, grid = GRIDS[name]
         for target in args.targets.split(","):
