@@ -6,7 +6,7 @@ baseline, with ``--slots 1`` and with all 4 slots.  Printed: the wall time of ea
 goodput each found (both searches ask the same first candidates; with 4 slots later asks see fewer results, so
 the best may differ).  Run as root (the lab), on an otherwise idle machine: it takes several minutes.
 
-Usage: .venv/bin/python bench/tune_live.py [--budget 8] [--requests 24] [--plot bench/figures/tune-pareto-lab.png]
+Usage: .venv/bin/python bench/tune_live.py [--budget 8] [--requests N] [--plot bench/figures/tune-pareto-lab.png]
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--requests", type=int, default=None, help="floor on a probe's measured requests "
+                        "(default: the sample-size rule of the SLO's percentile)")
     parser.add_argument("--plot", type=Path, help="copy the last run's Pareto plot here")
     args = parser.parse_args(argv)
     if args.plot is not None:  # before the lab and the tunes, not after them
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for slots in (1, 4):
             started = time.monotonic()
-            result = ok(dsctl("tune", inventory, *WORKLOAD, "--budget", str(args.budget), "--requests",
-                              str(args.requests), "--slots", str(slots)))
+            floor = () if args.requests is None else ("--requests", str(args.requests))
+            result = ok(dsctl("tune", inventory, *WORKLOAD, "--budget", str(args.budget), *floor,
+                              "--slots", str(slots)))
             wall = time.monotonic() - started
             print(result.stdout)  # tune's own table, as a user sees it
             trials = next(line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("trials: "))

@@ -99,7 +99,7 @@ class TuneProgress:
                                 f"{event['crashed']} crashed, best {_rate(best)}")
             status = str(event["status"])
             if status == "feasible":
-                status = f"feasible, goodput {_rate(event.get('objective'))} at {_rate(event.get('rate'))}"
+                status = f"feasible at {_rate(event.get('rate'))} (objective {_rate(event.get('objective'))})"
             elif event.get("detail"):
                 status = f"{status}: {str(event['detail']).splitlines()[0][:100]}"
             where = f" on {event['instance']}@{event['host']}" if event.get("host") else ""

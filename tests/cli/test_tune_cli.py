@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SMALL = ["--model", "r1-7b", "--chip", "910B3", "--requests", "20", "--prompt-tokens", "uniform:64:512",
+# Median SLOs: 50 measured requests per probe (the sample-size rule's least), so each run takes seconds.
+SMALL = ["--model", "r1-7b", "--chip", "910B3", "--prompt-tokens", "uniform:64:512",
          "--output-tokens", "uniform:16:64", "--max-model-len", "4096", "--param", "kv_sparse_threshold=0"]
 
 
@@ -21,13 +22,16 @@ def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_simulate_prints_the_ranked_table_progress_and_the_artifacts(tmp_path):
-    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft=2s", "--budget", "3")
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft:median=2s", "--budget", "3")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "dsctl tune --simulate: r1-7b on 910B3 (lab-engine, space fixed-batch), 3 evaluated" in out
-    for column in ("rank", "parameters", "goodput req/s", "SLO statistics", "status"):
+    for column in ("rank", "parameters", "sustained req/s", "per NPU", "window s", "samples", "SLO statistics",
+                   "status"):
         assert column in out
-    assert "│ 1    │" in out and "feasible" in out and "ttft:p99 " in out
+    assert "│ 1    │" in out and "feasible" in out and "ttft:p50 " in out and "capacity " in out
+    capacity = next(line for line in out.splitlines() if line.startswith("capacity: trial "))
+    assert " sustains " in capacity and "per NPU" in capacity
     best = next(line for line in out.splitlines() if line.startswith("best: trial "))
     assert "stream_num=" in best and "max_num_seqs=" in best
     trials = Path(next(line for line in out.splitlines() if line.startswith("trials: "))[8:])
@@ -38,9 +42,8 @@ def test_simulate_prints_the_ranked_table_progress_and_the_artifacts(tmp_path):
 
 
 def test_json_envelope_and_exit_6_naming_the_closest(tmp_path):
-    result = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft=300ms", "--rate", "40",
-                     "--budget", "3",
-                     "--json")
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft:median=300ms",
+                     "--rate", "40", "--budget", "3", "--json")
     assert result.returncode == 6, result.stderr
     envelope = json.loads(result.stdout)
     assert envelope["command"] == ["tune"] and envelope["exit_code"] == 6 and envelope["status"] == "partial"
@@ -49,16 +52,16 @@ def test_json_envelope_and_exit_6_naming_the_closest(tmp_path):
     closest = data["closest"]
     (error,) = envelope["errors"]
     assert error.startswith(f"no configuration met the SLO; closest: trial {closest['number']} (")
-    assert "binding ttft:p99" in error
+    assert "binding ttft:p50" in error and data["objective"] == "goodput"  # --rate: goodput at that load
     assert Path(data["trials_path"]).is_file() and Path(data["plot_path"]).is_file()
 
 
 def test_resume_through_the_cli(tmp_path):
-    first = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft=2s", "--budget", "2",
+    first = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft:median=2s", "--budget", "2",
                     "--json")
     assert first.returncode == 0, first.stderr
     run_dir = json.loads(first.stdout)["data"]["run_dir"]
-    again = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft=2s", "--budget", "3",
+    again = run_cli(tmp_path, "--simulate", *SMALL, "--screen", "roofline", "--slo", "ttft:median=2s", "--budget", "3",
                     "--json", "--resume",
                     run_dir)
     assert again.returncode == 0, again.stderr
@@ -127,7 +130,7 @@ def test_live_refusals_come_before_any_host_is_contacted(tmp_path):
 def test_an_itl_only_slo_is_tuned_on_throughput_not_an_internal_error(tmp_path):
     """ITL has no per-request goodput form (vLLM's --goodput takes ttft, tpot, e2el): issue 21 found
     `--slo itl:p99=60ms` exiting 1 with "the metrics have no request_goodput"."""
-    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "itl:p99=200ms", "--budget", "3", "--json")
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "itl:median=200ms", "--budget", "3", "--json")
     assert result.returncode in (0, 6), result.stderr
     assert "internal error" not in result.stderr
     data = json.loads(result.stdout)["data"]
@@ -148,3 +151,14 @@ def test_a_write_back_that_could_not_succeed_is_refused_before_any_restart(tmp_p
         "({{ chat_params }}), which write-back would replace with the winner's keys alone; write the params out as "
         "a mapping, or tune without --write-back and write the winner by hand"]
     assert not (tmp_path / "state" / "dsctl" / "runs").exists()
+
+
+def test_requests_below_the_percentiles_sample_rule_are_refused_in_one_line(tmp_path):
+    """Issue 21: 24 requests cannot carry a p99 (its value is their maximum); the rule asks 1000 measured."""
+    refused = run_cli(tmp_path, "--simulate", "--model", "r1-7b", "--slo", "ttft=200ms", "--requests", "24")
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    (line,) = refused.stderr.splitlines()
+    assert "--requests 24: ttft:p99=200ms needs at least 1000 measured requests" in line
+    both = run_cli(tmp_path, "--simulate", "--model", "r1-7b", "--slo", "ttft=200ms", "--objective", "capacity",
+                   "--rate", "4")
+    assert both.returncode == 2 and "--objective capacity searches the rate" in both.stderr

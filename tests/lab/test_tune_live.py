@@ -31,8 +31,9 @@ def served_lab(tmp_path_factory):
 TUNE = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
         "served_model_name": "r1-7b", "npus_per_instance": 4, "instances": 2, "port": 8100, "health_timeout_s": 120,
         "allow_unauthenticated": True, "params": {"max_num_seqs": 64, "max_num_batched_tokens": 8192}}
-TUNE_ARGS = ("--slo", "ttft=200ms", "--requests", "16", "--prompt-tokens", "256", "--output-tokens", "32",
-             "--warmup", "2")
+# A median SLO: 50 measured requests (the sample-size rule's least) over a window of at least 10 modelled seconds
+# per probe, after a warm-up of 10 at the same rate; p99 would need 1000 per probe.
+TUNE_ARGS = ("--slo", "ttft:median=200ms", "--prompt-tokens", "256", "--output-tokens", "32", "--warmup", "2")
 
 
 def tune_inventory(lab, directory: Path) -> Path:
@@ -62,7 +63,23 @@ def test_a_live_tune_meets_the_slo_writes_the_winner_back_and_every_instance_ser
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)["data"]
     best = data["best"]
-    assert best["feasible"] and best["slo_values"]["ttft:p99"] <= 200 and best["rate"] > 0
+    assert best["feasible"] and best["slo_values"]["ttft:p50"] <= 200 and best["rate"] > 0
+    assert data["objective"] == "capacity" and best["objective"] == best["rate"]
+    # every measured trial reports its sustained rate, the window and sample count it rests on, per NPU; a
+    # rate search that held at its ceiling says so instead of claiming a capacity
+    for trial in data["trials"]:
+        cap = trial["capacity"]
+        if trial["failure"] not in (None, "slo_miss", "quality"):
+            continue
+        assert cap is not None and cap["ceiling"] > 0, trial
+        if cap["sustained_rate"] is not None:
+            assert cap["window_s"] >= 9.0 and cap["samples"] >= 50 and cap["per_npu"] == cap["sustained_rate"] / 4
+            if cap["at_ceiling"]:
+                assert cap["interval"][1] is None
+            else:
+                assert cap["interval"][1] > cap["sustained_rate"]
+    assert data["capacity"]["winner"]["trial"] == best["number"]
+    assert data["capacity"]["baseline"] is None or data["capacity"]["baseline"]["trial"] == 0
     assert len(data["slots"]) == 4 and data["counts"]["evaluated"] == 6
     oom = [t for t in data["trials"] if t["failure"] == "out_of_memory"]
     assert oom, [(t["number"], t["failure"], t["config"]) for t in data["trials"]]
@@ -78,8 +95,8 @@ def test_a_live_tune_meets_the_slo_writes_the_winner_back_and_every_instance_ser
     assert len(data["verification"]) == 4 and all(v["met"] for v in data["verification"])
     code, report = deploy(path)
     assert code == 0 and set(statuses(report).values()) == {"unchanged"}, report
-    confirm = dsctl("probe", f"http://{address('lab-02')}:8101", "--rate", f"{best['rate']:g}", "--requests", "16",
-                    "--prompt-tokens", "256", "--output-tokens", "32", "--goodput", "ttft:200", "--slo-stat", "p99",
+    confirm = dsctl("probe", f"http://{address('lab-02')}:8101", "--rate", f"{best['rate']:g}", "--requests", "60",
+                    "--prompt-tokens", "256", "--output-tokens", "32", "--goodput", "ttft:200", "--slo-stat", "median",
                     "--json", check=False)
     assert confirm.returncode == 0, confirm.stdout + confirm.stderr
     assert json.loads(confirm.stdout)["data"]["slo"]["met"]

@@ -13,12 +13,13 @@ from dsctl.core.tune.search import Candidate, Failure
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import tune
 
-SMALL = {"model": "r1-7b", "chip": "910B3", "requests": 20, "prompt_tokens": "uniform:64:512",
+# Median SLOs (50 measured requests per probe, the sample-size rule's least) and a 5 s window keep each run cheap.
+SMALL = {"model": "r1-7b", "chip": "910B3", "prompt_tokens": "uniform:64:512", "window_s": 5.0,
          "output_tokens": "uniform:16:64", "max_model_len": 4096, "params": ("kv_sparse_threshold=0",)}
 
 
 def inputs(tmp_path, **changes) -> tune.TuneInputs:
-    base = {**SMALL, "slos": ("ttft=2s",), "run_dir": tmp_path / "run", "budget": 4}
+    base = {**SMALL, "slos": ("ttft:median=2s",), "run_dir": tmp_path / "run", "budget": 4}
     return tune.TuneInputs(**{**base, **changes})
 
 
@@ -27,10 +28,16 @@ def test_finds_a_feasible_configuration_for_an_easy_slo(tmp_path):
     result = tune.run(inputs(tmp_path), progress=events.append)
     assert result.exit_status == ExitStatus.OK and result.errors == ()
     best = result.best
-    assert best is not None and best.feasible and best.slo_values["ttft:p99"] <= 2000.0
+    assert best is not None and best.feasible and best.slo_values["ttft:p50"] <= 2000.0
     feasible = [t for t in result.trials if t.feasible and t.evaluated]
-    assert best.objective == max(t.objective for t in feasible)
+    # capacity: the sustained rate; a later trial wins only beyond the noise, so the best is within it of the top
+    top = max(t.objective for t in feasible)
+    assert best.objective == best.rate and best.objective * (1 + 0.5) >= top
     assert best.rate is not None and best.rate >= tune.MIN_RATE  # the rate was searched
+    cap = best.capacity
+    assert cap["sustained_rate"] == best.rate and cap["samples"] >= 50 and cap["window_s"] >= 5.0 * 0.9
+    assert cap["per_npu"] == best.rate and cap["ceiling"] > best.rate and cap["noise"] > 0
+    assert cap["at_ceiling"] is False  # the search found a rate that missed above it
     # every candidate is the fixed-batch engine, max_num_seqs = batch_size x stream_num
     for trial in result.trials:
         p = trial.params
@@ -48,13 +55,14 @@ def test_finds_a_feasible_configuration_for_an_easy_slo(tmp_path):
 
 
 def test_nothing_meets_an_slo_the_load_breaks_and_the_closest_is_named(tmp_path):
-    result = tune.run(inputs(tmp_path, slos=("ttft=300ms",), rate=40.0, screen="roofline"))
+    result = tune.run(inputs(tmp_path, slos=("ttft:median=300ms",), rate=40.0, objective="goodput",
+                             screen="roofline"))
     assert result.exit_status == ExitStatus.SLO_NOT_MET and result.best is None
     closest = result.closest
     measured = [t for t in result.trials if t.evaluated and t.failure == Failure.SLO_MISS]
     assert closest is not None and closest.margin == min(t.margin for t in measured) and closest.margin > 0
     (line,) = result.errors
-    assert f"closest: trial {closest.number} (" in line and "binding ttft:p99" in line
+    assert f"closest: trial {closest.number} (" in line and "binding " in line
     assert f"batch_size={closest.params['batch_size']} " in line and "at 40 req/s" in line
 
 
@@ -82,7 +90,7 @@ def test_resume_continues_the_study_without_repeating_trials(tmp_path):
     with pytest.raises(UsageError, match="already exists in the journal; pass --resume"):
         tune.run(inputs(tmp_path, budget=4))
     with pytest.raises(UsageError, match="another space, SLO or objective"):
-        tune.run(inputs(tmp_path, budget=5, slos=("ttft=3s",), resume=True))
+        tune.run(inputs(tmp_path, budget=5, slos=("ttft:median=3s",), resume=True))
 
 
 def test_start_up_failures_become_crash_classes(tmp_path):
@@ -110,6 +118,8 @@ def test_start_up_failures_become_crash_classes(tmp_path):
     ({"space": "vllm-ascend", "params": ()}, "it tunes vllm-ascend, not --engine lab-engine"),
     ({"params": ("seed=1,2",)}, "--param seed: --simulate does not model it"),
     ({"requests": 0}, "--requests must be in 1.."),
+    ({"requests": 20, "slos": ("ttft=2s",)}, "--requests 20: ttft:p99=2000ms needs at least 1000 measured requests"),
+    ({"rate": 4.0}, "--objective capacity searches the rate: drop --rate"),
     ({"slos": ("ttft=fast",)}, "ttft=fast"),
     ({"prompt_tokens": "uniform:9"}, "--prompt-tokens 'uniform:9'"),
 ])
@@ -121,9 +131,9 @@ def test_bad_inputs_are_refused_in_one_line(tmp_path, changes, message):
 def test_the_model_screen_starts_no_candidate_it_predicts_to_miss_by_far(tmp_path):
     """At 40 req/s no fixed-batch configuration holds TTFT p99 <= 300 ms: the model screen rules them out before
     any (simulated) restart, and says why."""
-    result = tune.run(inputs(tmp_path, slos=("ttft=300ms",), rate=40.0))
+    result = tune.run(inputs(tmp_path, slos=("ttft:median=300ms",), rate=40.0, objective="goodput"))
     screened = [t for t in result.trials if t.failure == Failure.SCREENED]
     assert result.best is None and screened
-    assert all(t.detail.startswith(("model: ttft:p99 predicted", "roofline:", "model: the engine would not start"))
+    assert all(t.detail.startswith(("model: ttft:p50 predicted", "roofline:", "model: the engine would not start"))
                for t in screened)
     assert result.counts["evaluated"] < len([t for t in result.trials if t.duplicate_of is None])

@@ -29,7 +29,8 @@ from dsctl.ui_tune import TuneProgress
 
 TABLE_ROWS = 10
 STATUS_CHARS = 48  # the full reason is in trials.jsonl and --json
-COLUMNS = ["rank", "trial", "parameters", "rate req/s", "goodput req/s", "SLO statistics", "status"]
+COLUMNS = ["rank", "trial", "parameters", "sustained req/s", "per NPU", "window s", "samples", "objective",
+           "SLO statistics", "status"]
 
 
 def _progress(event: dict[str, Any]) -> None:
@@ -70,13 +71,28 @@ def _params_cell(result: tune_verb.TuneResult | tune_live.LiveTuneResult, record
     return " ".join(f"{k}={tune_verb.format_value(v)}" for k, v in changed.items()) or "(baseline)"
 
 
+def _sustained_cell(record: TrialRecord) -> str:
+    """The sustained rate; "≥ R (not measured above)" when no higher rate missed (the ceiling held)."""
+    cap = record.capacity or {}
+    rate = cap.get("sustained_rate", record.rate) if cap else record.rate
+    if rate is None:
+        return "-"
+    return f"≥ {rate:.3g} (not measured above)" if cap.get("at_ceiling") else f"{rate:.3g}"
+
+
+def _cap_cell(record: TrialRecord, key: str, fmt: str) -> str:
+    value = (record.capacity or {}).get(key)
+    return "-" if value is None else format(value, fmt)
+
+
 def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
     rows = []
     for rank, record in enumerate(result.ranked()[:TABLE_ROWS], start=1):
-        rows.append([rank, record.number, _params_cell(result, record),
-                     "-" if record.rate is None else f"{record.rate:.3g}",
-                     "-" if record.objective is None else f"{record.objective:.3g}", _slo_cell(record),
-                     _status_cell(record)])
+        rows.append([rank, record.number, _params_cell(result, record), _sustained_cell(record),
+                     _cap_cell(record, "per_npu", ".3g"), _cap_cell(record, "window_s", ".0f"),
+                     _cap_cell(record, "samples", "d"),
+                     "-" if record.objective is None else f"{record.objective_name} {record.objective:.3g}",
+                     _slo_cell(record), _status_cell(record)])
     c = result.counts
     if isinstance(result, tune_live.LiveTuneResult):
         p = result.plan
@@ -97,6 +113,10 @@ def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
         console.print(f"best: trial {result.best.number}: {tune_verb.config_text(result.best)}"
                       + (f" at {result.best.rate:.3g} req/s" if result.best.rate is not None else ""), markup=False,
                       soft_wrap=True)
+    line = tune_verb.capacity_line(result.best, result.baseline_trial() if hasattr(result, "baseline_trial")
+                                   else None)
+    if line:
+        console.print(line, markup=False, soft_wrap=True)
     if isinstance(result, tune_live.LiveTuneResult):
         what = "the winner" if result.deployed == "winner" else "the baseline (the inventory's configuration)"
         console.print(f"deployed: {what} on every instance of {result.plan.service}", markup=False, soft_wrap=True)
@@ -133,7 +153,10 @@ def run(
     slo: Annotated[list[str] | None, typer.Option(
         "--slo", help="SLO, repeatable or comma-separated: ttft=200ms (p99), ttft:p95=200ms, tpot=50ms, e2el=2s, "
                       "error_rate=1%; vLLM's ttft:200 (ms, p99) also works.")] = None,
-    objective: Annotated[str, typer.Option("--objective", help="goodput or throughput.")] = "goodput",
+    objective: Annotated[str | None, typer.Option(
+        "--objective", help="capacity (default): the highest offered rate sustained while meeting every SLO, per "
+                            "instance and per NPU; goodput or throughput: at --rate (the default with --rate) or at "
+                            "the highest rate that held.")] = None,
     budget: Annotated[int | None, typer.Option(
         "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.")] = None,
     slots: Annotated[int | None, typer.Option(
@@ -150,7 +173,11 @@ def run(
     output_tokens: Annotated[str, typer.Option(
         "--output-tokens", help="Output lengths: N, uniform:LO:HI or normal:MEAN:STD.")] = "128",
     requests: Annotated[int | None, typer.Option(
-        "--requests", help="Requests per probe (live; default 60) or evaluation (--simulate; default 100).")] = None,
+        "--requests", help="Floor on a probe's measured requests. By default each probe has 10 requests beyond the "
+                           "SLO's percentile (p99: 1000, p95: 200, p90: 100, mean/median: 50), plus a warm-up at "
+                           "the same rate (10 %, at least 10) outside the statistics, and a window of at least 20 s "
+                           "(--simulate, virtual) or 10 s (live, the engine's modelled time): requests = max(rule, "
+                           "rate x window). A value below the rule is refused.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Live: requests before each trial's first probe.")] = 4,
     min_agreement: Annotated[float, typer.Option(
         "--min-agreement", help="Lossy knobs: the least share of greedy output equal to the baseline's.")
@@ -174,8 +201,14 @@ def run(
     ask_vault_pass: AskVaultOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON result object.")] = False,
 ) -> None:
-    """Search engine parameters for the highest goodput that meets the SLOs and deploy the winner; exit 6 if none
-    does."""
+    """Search engine parameters for the highest capacity that meets the SLOs and deploy the winner; exit 6 if none
+    does.
+
+    Capacity: the highest offered rate a configuration sustains (achieved throughput within 5 % of offered, median
+    TTFT not growing over the window) while meeting every SLO; a rate search that held at its ceiling (twice
+    estimate's throughput bound) says "≥ ceiling (not measured above)"."""
+    if objective is None:
+        objective = "goodput" if rate is not None else "capacity"
     if resume is not None and not resume.is_dir():
         raise UsageError(f"--resume {resume}: no such run directory; give the directory an earlier tune printed")
     # The run directory holds the journal, trials.jsonl and pareto.png: writable before the first trial.
@@ -192,7 +225,7 @@ def run(
             model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
             objective=objective, budget=20 if budget is None else budget, slots=1 if slots is None else slots,
             seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-            requests=100 if requests is None else requests, rate=rate, params=tuple(param or ()),
+            requests=requests, rate=rate, params=tuple(param or ()),
             npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None, screen=screen)
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
@@ -207,7 +240,7 @@ def run(
         live = tune_live.LiveTuneInputs(
             inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
             objective=objective, budget=16 if budget is None else budget, seed=seed, prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens, requests=60 if requests is None else requests, rate=rate,
+            output_tokens=output_tokens, requests=requests, rate=rate,
             params=tuple(param or ()),
             min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
             limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time,

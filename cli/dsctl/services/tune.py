@@ -8,8 +8,16 @@ The evaluator is the engine's own offline model: a candidate's engine parameters
 would send.  A configuration the engine's start-up plan refuses (``StartupFailure``: torch_npu's out-of-memory
 words, vLLM's "No available memory for the cache blocks", its token-budget ValueErrors) and one that fails under
 load (aclrtMalloc) are classified from those words by `search.classify_failure`, as the live tuner classifies a
-log tail.  Without ``rate`` each candidate's highest SLO-holding request rate is searched
-(`rate_search.search_rate`); its goodput at that rate is the objective.
+log tail.
+
+Objective ``capacity`` (the default): each candidate's highest offered rate that it sustains while meeting every
+SLO is searched (`rate_search.search_rate`, up to `capacity.rate_ceiling`: twice estimate's throughput bound).
+Every probe is sized by `capacity.probe_size` (the sample-size rule for the SLOs' statistics, a warm-up at the same
+rate kept out of the statistics, a window of at least `capacity.SIM_WINDOW_S` virtual seconds) and judged on its
+window (`capacity.window_metrics`: the SLOs, and sustained: achieved throughput within 5 % of offered, the queue not
+growing).  ``goodput`` / ``throughput``: the same search, the figure at the highest rate that held; with ``rate``
+(goodput at a fixed load) one probe of that size at that rate.  ``requests`` is a floor on a probe's measured
+requests, refused below the sample-size rule (`capacity.check_floor`).
 
 Exit statuses (``TuneResult.exit_status``): 0 a configuration met the SLO; 6 none did (``errors`` names the
 closest configuration and its binding constraint).  An impossible SLO raises DsctlError with exit 6 before any
@@ -32,7 +40,7 @@ from dsctl.core.load import arrivals
 from dsctl.core.load.workload import LengthSpec, Workload
 from dsctl.core.perf import engine_config, evaluate
 from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
-from dsctl.core.tune import pareto, rate_search, screens, search, slo
+from dsctl.core.tune import capacity, pareto, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import Candidate, Failure, Outcome
@@ -44,10 +52,10 @@ STUDY = "dsctl-tune"
 JOURNAL = "study.journal"
 TRIALS = "trials.jsonl"
 PLOT = "pareto.png"
-MAX_REQUESTS = 5000  # per evaluation: a simulated run of a few hundred takes well under a second
+MAX_REQUESTS = 5000  # per probe: a simulated run of 1000 requests takes ~0.7 s
 MAX_BUDGET = 1000
-# Rate search bounds (req/s): the lowest rate worth reporting and a ceiling no single instance of the profiled
-# models reaches; the first probe at START_RATE, doubling or halving from there, then bisection to RATE_TOLERANCE.
+# Rate search bounds (req/s): the lowest rate worth reporting and, without an estimate's bound (capacity.rate_ceiling),
+# a ceiling; the first probe at START_RATE, doubling or halving from there, then bisection to RATE_TOLERANCE.
 MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.05, 256.0, 1.0, 0.1, 10
 # EngineConfig fields the offline evaluator models, by registry name (the rest of the registry is not simulated).
 _MODELLED = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {
@@ -62,14 +70,14 @@ class TuneInputs:
     run_dir: Path  # holds study.journal, trials.jsonl, pareto.png
     engine: str = "lab-engine"
     space: str | None = None  # default: the engine's (tune_spaces.yaml default_for)
-    objective: str = "goodput"
+    objective: str = "capacity"
     budget: int = 20  # evaluations
     slots: int = 1  # evaluations at once
     seed: int = 0
     prompt_tokens: str = "512"  # as dsctl probe takes them: N, uniform:LO:HI, normal:MEAN:STD
     output_tokens: str = "128"
-    requests: int = 100  # per evaluation
-    rate: float | None = None  # req/s (Poisson); None: search each candidate's highest SLO-holding rate
+    requests: int | None = None  # floor on a probe's measured requests; None: the sample-size rule (capacity)
+    rate: float | None = None  # req/s (Poisson); None: search each candidate's highest sustained SLO-holding rate
     params: tuple[str, ...] = ()  # --param overrides
     npus_per_instance: int = 1
     max_model_len: int | None = None  # None: the model's own (as the engine does)
@@ -78,6 +86,7 @@ class TuneInputs:
     # the simulated hardware's efficiencies (perfmodel.Efficiency) when not dsctl's profile: bench/tune.py's ground
     # truth; the screens always predict with the profile
     hardware: Any = None
+    window_s: float = capacity.SIM_WINDOW_S  # a probe's least measured window (virtual seconds)
 
 
 @dataclass(frozen=True)
@@ -103,12 +112,22 @@ class TuneResult:
             "mode": "simulate", "model": i.model, "chip": i.chip, "engine": i.engine, "space": self.space.name,
             "slos": [s.to_dict() for s in slo.parse_slos(i.slos)], "objective": i.objective, "budget": i.budget,
             "seed": i.seed, "rate": i.rate, "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
-            "requests": i.requests, "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
+            "requests": i.requests, "window_s": i.window_s, "sample_rule": sample_rule(slo.parse_slos(i.slos)),
+            "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
             "plot_path": str(self.plot_path), "counts": self.counts, "stopped": self.stopped,
             "best": None if self.best is None else _jsonable(self.best),
             "closest": None if self.closest is None else _jsonable(self.closest),
             "notes": list(self.space.notes), "trials": [_jsonable(t) for t in self.ranked()],
+            "capacity": {"winner": capacity_figure(self.best)},
         }
+
+
+def sample_rule(slos: tuple[slo.Slo, ...]) -> dict[str, Any]:
+    """The sizing rule a run's probes follow, for result.json."""
+    return {"measured_at_least": capacity.required_samples(slos), "tail_samples": capacity.TAIL_SAMPLES,
+            "warmup_share": capacity.WARMUP_SHARE, "min_warmup": capacity.MIN_WARMUP,
+            "throughput_slack": capacity.THROUGHPUT_SLACK, "growth_factor": capacity.GROWTH_FACTOR,
+            "growth_slack_ms": capacity.GROWTH_SLACK_MS}
 
 
 def ranked(trials: tuple[TrialRecord, ...]) -> list[TrialRecord]:
@@ -140,8 +159,13 @@ def _shortest(spec: LengthSpec) -> int:
 def _check(inputs: TuneInputs) -> None:
     if inputs.engine not in ENGINES:
         raise UsageError(f"--engine {inputs.engine!r}: --simulate models {' or '.join(ENGINES)}")
-    if not 1 <= inputs.requests <= MAX_REQUESTS:
+    if inputs.requests is not None and not 1 <= inputs.requests <= MAX_REQUESTS:
         raise UsageError(f"--requests must be in 1..{MAX_REQUESTS}, got {inputs.requests}")
+    if inputs.objective == "capacity" and inputs.rate is not None:
+        raise UsageError("--objective capacity searches the rate: drop --rate, or score a fixed load with "
+                         "--objective goodput")
+    if not inputs.window_s > 0:
+        raise UsageError(f"the probe window must be positive, got {inputs.window_s:g} s")
     if not 1 <= inputs.budget <= MAX_BUDGET:
         raise UsageError(f"--budget must be in 1..{MAX_BUDGET}, got {inputs.budget}")
     if inputs.rate is not None and not 0 < inputs.rate <= MAX_RATE:
@@ -158,6 +182,7 @@ def resolve(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSp
     """Validate every input (UsageError, one line); no I/O."""
     _check(inputs)
     slos = slo.parse_slos(inputs.slos)
+    capacity.check_floor(slos, inputs.requests)
     name = inputs.space or space_mod.default_space(inputs.engine)
     fixed = {} if inputs.max_model_len is None else {"max_model_len": inputs.max_model_len}
     space = space_mod.resolve_space(name, npus_per_instance=inputs.npus_per_instance, params=fixed,
@@ -197,10 +222,14 @@ def _failure(status: str, message: str) -> Failure:
 def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace, workload: Workload):
     """The `search.Evaluator` of --simulate: one candidate -> an `Outcome` from the offline evaluator."""
     bounds = slo.goodput_bounds_ms(slos)
+    ceiling = rate_ceiling(inputs, workload)
 
-    def run(config: EngineConfig, rate: float, seed: int) -> evaluate.Evaluation:
-        return evaluate.evaluate(config, workload, arrivals.ArrivalSpec(process="poisson", rate=rate),
-                                 inputs.requests, seed=seed, goodput_ms=bounds)
+    def run(config: EngineConfig, rate: float, seed: int) -> tuple[evaluate.Evaluation, dict[str, Any]]:
+        size = capacity.probe_size(slos, rate, min_window_s=inputs.window_s, floor=inputs.requests,
+                                   max_requests=MAX_REQUESTS)
+        e = evaluate.evaluate(config, workload, arrivals.ArrivalSpec(process="poisson", rate=rate),
+                              size.requests, seed=seed, goodput_ms=bounds)
+        return e, capacity.window_metrics(e.records, size.warmup, required=size.rule, goodput_ms=bounds)
 
     def evaluator(candidate: Candidate) -> Outcome:
         config = engine_config_for(inputs, space, candidate)
@@ -210,25 +239,25 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
             return Outcome(failure=_failure(evaluate.FAILED_TO_START, exc.message), detail=exc.message,
                            data={"log_tail": exc.message})
         if inputs.rate is not None:
-            e = run(config, inputs.rate, inputs.seed)
+            e, metrics = run(config, inputs.rate, inputs.seed)
             if not e.ok:
-                return Outcome(metrics=e.metrics or None, failure=_failure(e.status, e.message), detail=e.message,
-                               rate=inputs.rate, agreement=e.agreement, data={"log_tail": e.message})
-            return Outcome(metrics=e.metrics, rate=inputs.rate, agreement=e.agreement)
+                return Outcome(metrics=metrics if e.metrics else None, failure=_failure(e.status, e.message),
+                               detail=e.message, rate=inputs.rate, agreement=e.agreement, data={"log_tail": e.message})
+            return Outcome(metrics=metrics, rate=inputs.rate, agreement=e.agreement)
         crashed: list[evaluate.Evaluation] = []
         probes = 0
 
         def probe(rate: float) -> dict[str, Any]:
             nonlocal probes
-            e = run(config, rate, inputs.seed + probes)  # each probe draws its own requests: a repeat is a repeat
+            e, metrics = run(config, rate, inputs.seed + probes)  # each probe its own requests: a repeat is one
             probes += 1
             if not e.ok:
                 crashed.append(e)
-                return {**e.metrics, "completed": 0}  # the engine died at this rate: it holds nothing there
-            return e.metrics
+                return {**metrics, "completed": 0}  # the engine died at this rate: it holds nothing there
+            return metrics
 
-        found = rate_search.search_rate(probe, slos, start=START_RATE, min_rate=MIN_RATE,
-                                        max_rate=MAX_RATE, max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE,
+        found = rate_search.search_rate(probe, slos, start=min(START_RATE, ceiling), min_rate=min(MIN_RATE, ceiling),
+                                        max_rate=ceiling, max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE,
                                         repeats=1)
         outcome = rate_search.to_outcome(found)
         if found.rate is None and crashed and len(crashed) == len(found.probes):
@@ -238,6 +267,15 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
         return dataclasses.replace(outcome, agreement=_agreement(config))
 
     return evaluator
+
+
+def rate_ceiling(inputs: TuneInputs, workload: Workload) -> float:
+    """The rate search's upper end: `capacity.rate_ceiling` of estimate's throughput bound for the workload's
+    shortest requests (an upper bound for every configuration), `MAX_RATE` when estimate has none."""
+    bound = capacity.throughput_bound(chip=inputs.chip, model=inputs.model,
+                                      prompt_tokens=_shortest(workload.prompt_len),
+                                      output_tokens=_shortest(workload.output_len), npus=inputs.npus_per_instance)
+    return capacity.rate_ceiling(bound, fallback=MAX_RATE)
 
 
 SCREENS = ("model", "roofline", "none")
@@ -253,7 +291,7 @@ def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_
     inputs = dataclasses.replace(inputs, hardware=None)
     bounds = slo.goodput_bounds_ms(slos)
     rate = inputs.rate if inputs.rate is not None else MIN_RATE
-    requests = min(inputs.requests, MODEL_REQUESTS)
+    requests = MODEL_REQUESTS if inputs.requests is None else min(inputs.requests, MODEL_REQUESTS)
 
     def predict(candidate: Candidate) -> tuple[str | None, dict | None]:
         config = engine_config_for(inputs, space, candidate)
@@ -345,6 +383,38 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
         errors = (_nothing_met(result),)
     return TuneResult(inputs, space, tuple(result.trials), result.best, result.closest, result.counts,
                       result.stopped, trials_path, plot_path, status, errors)
+
+
+def capacity_figure(record: TrialRecord | None) -> dict[str, Any] | None:
+    """A trial's capacity for the report: sustained rate, per NPU, whether only a lower bound, window, samples."""
+    if record is None or record.capacity is None:
+        return None
+    cap = record.capacity
+    return {"trial": record.number, "sustained_rate": cap.get("sustained_rate"), "per_npu": cap.get("per_npu"),
+            "at_ceiling": cap.get("at_ceiling"), "noise": cap.get("noise"), "window_s": cap.get("window_s"),
+            "samples": cap.get("samples")}
+
+
+def _rate_text(figure: dict[str, Any]) -> str:
+    rate, per = figure.get("sustained_rate"), figure.get("per_npu")
+    if rate is None:
+        return "none sustained"
+    text = f"{rate:.3g} req/s ({per:.3g} per NPU)"
+    return f"≥ {text}, not measured above" if figure.get("at_ceiling") else text
+
+
+def capacity_line(best: TrialRecord | None, baseline: TrialRecord | None = None) -> str:
+    """``capacity: trial 3 sustains 6.2 req/s (1.5 per NPU) against the baseline's 4.1 req/s (1.0 per NPU)``."""
+    winner = capacity_figure(best)
+    if winner is None:
+        return ""
+    line = f"capacity: trial {winner['trial']} sustains {_rate_text(winner)}"
+    base = capacity_figure(baseline)
+    if base is not None and baseline is not best:
+        line += f" against the baseline's (trial {base['trial']}) {_rate_text(base)}"
+    elif base is not None:
+        line += " (the baseline)"
+    return line
 
 
 def config_text(record: TrialRecord) -> str:

@@ -14,7 +14,10 @@ The recipe (dsctl.core.tune's, as ``--simulate`` runs it, with the fleet as the 
    with the roofline before any restart.  A trial on slot *i*: deploy the candidate to that one instance through
    deploy's health gate (``--instance``, parameter overrides: the same templates as ``dsctl deploy``; a failed
    start is rolled back by deploy and classified from its log lines), probe it (a short warm-up, then the
-   highest SLO-holding request rate, or ``--rate``; a probe stops as soon as the SLO is certainly missed), and
+   highest request rate it sustains while meeting the SLO, or ``--rate``; every probe is sized by
+   `capacity.probe_size` with a window of `capacity.LIVE_WINDOW_S` of the engine's modelled time (the lab
+   engine's time scale makes long windows cheap) and judged on it, `capacity.window_metrics`; the search's
+   ceiling is twice estimate's throughput bound; a probe stops as soon as the SLO is certainly missed), and
    when it changes a lossy knob, compare its greedy outputs with the baseline's.  An engine that died under load
    is classified from its log tail (``playbooks/service_log.yml``).  Deploys on one host are serialized (one
    service manager per host); probes of all slots run at once.
@@ -50,7 +53,7 @@ from dsctl.adapters.ansible_run import PlaybookError
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.perf import perfmodel
-from dsctl.core.tune import pareto, quality, rate_search, screens, search, slo
+from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import Candidate, Failure, Outcome
@@ -66,12 +69,12 @@ from dsctl.services.tune import config_text
 STUDY = "dsctl-tune"
 JOURNAL, TRIALS, PLOT, RESULT = "study.journal", "trials.jsonl", "pareto.png", "result.json"
 MAX_BUDGET = 200  # restarts: each one is a real engine start on a real instance
-MAX_REQUESTS = 2000  # per probe
+MAX_REQUESTS = 5000  # per probe (warm-up + measured; beyond it the probe is marked undersized)
 # Rate search (req/s of one instance): first probe at START_RATE, doubling or halving, then bisection to
 # RATE_TOLERANCE; RATE_PROBES bounds the probes of one trial.
 MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.1, 512.0, 4.0, 0.15, 8
 PROBE_TIMEOUT_S = 120.0  # per request; a probe is bounded by its request count times this
-PROBE_MAX_S = 30.0  # a probe at a low rate sends requests for at most this long (fewer requests, not hours)
+PROBE_MAX_S = 300.0  # modelled s: a probe at a low rate sends for at most this long (then marked undersized)
 QUALITY_TOKENS = 64
 LOG_LINES = 40
 STOP_WAIT_S = 120.0  # after Ctrl-C: how long the running trials get to stop before the restore starts
@@ -86,13 +89,13 @@ class LiveTuneInputs:
     run_dir: Path
     service: str | None = None  # default: the inventory's only service
     space: str | None = None  # default: the engine's
-    objective: str = "goodput"
+    objective: str = "capacity"
     budget: int = 16  # restarts
     seed: int = 0
     prompt_tokens: str = "512"
     output_tokens: str = "128"
-    requests: int = 60  # per probe
-    rate: float | None = None  # None: each candidate's highest SLO-holding rate
+    requests: int | None = None  # floor on a probe's measured requests; None: the sample-size rule (capacity)
+    rate: float | None = None  # None: each candidate's highest sustained SLO-holding rate
     params: tuple[str, ...] = ()  # --param overrides of the space
     min_agreement: float = quality.DEFAULT_MIN_AGREEMENT
     warmup: int = 4  # requests before each trial's first probe
@@ -176,6 +179,15 @@ class LiveTuneResult:
     def ranked(self) -> list[TrialRecord]:
         return tune_sim.ranked(self.trials)
 
+    def baseline_trial(self) -> TrialRecord | None:
+        """The evaluated trial that ran the inventory's own configuration (the study's first), if any."""
+        space, base = self.plan.space, self.plan.baseline
+        target = {**space.params(base), **space.fields(base)} if base else None
+        if target is None:
+            return None
+        return next((t for t in sorted(self.trials, key=lambda t: t.number) if t.evaluated and t.duplicate_of is None
+                     and _same_config({**t.params, **t.fields}, target)), None)
+
     def to_dict(self) -> dict[str, Any]:
         i, p = self.inputs, self.plan
         return {
@@ -183,7 +195,10 @@ class LiveTuneResult:
             "model": p.model, "space": p.space.name, "slots": [f"{s.host}/{s.name}" for s in p.slots],
             "slos": [s.to_dict() for s in p.slos], "objective": i.objective, "budget": i.budget, "seed": i.seed,
             "rate": i.rate, "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
-            "requests": i.requests, "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
+            "requests": i.requests, "window_s": capacity.LIVE_WINDOW_S, "sample_rule": tune_sim.sample_rule(p.slos),
+            "capacity": {"winner": tune_sim.capacity_figure(self.best),
+                         "baseline": tune_sim.capacity_figure(self.baseline_trial())},
+            "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
             "plot_path": str(self.plot_path), "counts": self.counts, "stopped": self.stopped,
             "deployed": self.deployed, "deployed_params": self.deployed_params,
             "verification": [v.to_dict() for v in self.verification], "written": list(self.written),
@@ -200,8 +215,11 @@ class LiveTuneResult:
 def _check(inputs: LiveTuneInputs) -> None:
     if not 1 <= inputs.budget <= MAX_BUDGET:
         raise UsageError(f"--budget must be in 1..{MAX_BUDGET} restarts, got {inputs.budget}")
-    if not 1 <= inputs.requests <= MAX_REQUESTS:
+    if inputs.requests is not None and not 1 <= inputs.requests <= MAX_REQUESTS:
         raise UsageError(f"--requests must be in 1..{MAX_REQUESTS}, got {inputs.requests}")
+    if inputs.objective == "capacity" and inputs.rate is not None:
+        raise UsageError("--objective capacity searches the rate: drop --rate, or score a fixed load with "
+                         "--objective goodput")
     if inputs.rate is not None and not 0 < inputs.rate <= MAX_RATE:
         raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
     if not 0 <= inputs.warmup <= 100:
@@ -237,6 +255,7 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
     """Validate every input and the fleet, lay out the slots, resolve the space; refuse an impossible SLO."""
     _check(inputs)
     slos = slo.parse_slos(inputs.slos)
+    capacity.check_floor(slos, inputs.requests)
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
     services = sorted({spec.name for settings in fleet.settings.values() for spec in settings.services})
     if inputs.service is None:
@@ -396,11 +415,16 @@ class LiveTune:
         outcome = run.hosts.get(slot.host)
         return [str(line) for line in (outcome.facts.get(LOG_FACT) if outcome is not None else None) or []]
 
-    def probe(self, slot: Slot, rate: float, *, warmup: int, seed: int) -> probe_verb.ProbeResult:
+    def probe(self, slot: Slot, rate: float, *, warmup: int, seed: int
+              ) -> tuple[probe_verb.ProbeResult, dict[str, Any]]:
+        """One probe at ``rate``, sized by `capacity.probe_size` (``warmup``: engine warm-up requests before it,
+        e.g. after a restart); its result and the metrics of its measured window (`capacity.window_metrics`)."""
         stop = self.trials.stop
+        size = capacity.probe_size(self.plan.slos, rate, min_window_s=capacity.LIVE_WINDOW_S,
+                                   floor=self.inputs.requests, max_requests=MAX_REQUESTS)
         cfg = probe_verb.ProbeConfig(
-            url=slot.url, model=self.plan.model, rate=rate, requests=self.inputs.requests, warmup=warmup,
-            duration=PROBE_MAX_S if self.inputs.requests / rate > PROBE_MAX_S else None,
+            url=slot.url, model=self.plan.model, rate=rate, requests=size.requests, warmup=warmup,
+            duration=PROBE_MAX_S if size.requests / rate > PROBE_MAX_S else None,
             prompt_tokens=self.inputs.prompt_tokens, output_tokens=self.inputs.output_tokens,
             goodput=self.goodput, early_stop=bool(self.goodput),
             timeout=PROBE_TIMEOUT_S, api_key=self.plan.api_key, seed=seed,
@@ -418,7 +442,11 @@ class LiveTune:
             def engine_time_scale(_, target, **kwargs):
                 return self.prober.engine_time_scale(target, **kwargs)
 
-        return probe_verb.probe(_Stopping(), cfg)
+        result = probe_verb.probe(_Stopping(), cfg)
+        metrics = capacity.window_metrics(result.result.records, size.warmup, required=size.rule,
+                                          goodput_ms=self.bounds)
+        metrics["errors"] = result.data["metrics"]["errors"]  # the whole probe's failures: the crash check's
+        return result, metrics
 
     # ------------------------------------------------------------------ one trial
 
@@ -485,12 +513,11 @@ class LiveTune:
             if self.trials.stop.is_set():
                 raise _Stopped
             self._stage(slot, candidate.number, f"probing at {rate:.3g} req/s")
-            result = self.probe(slot, rate, warmup=self.inputs.warmup if probes == 0 else 0,
-                                seed=self.inputs.seed + 1000 * candidate.number + probes)
+            result, metrics = self.probe(slot, rate, warmup=self.inputs.warmup if probes == 0 else 0,
+                                         seed=self.inputs.seed + 1000 * candidate.number + probes)
             probes += 1
             if self.trials.stop.is_set():
                 raise _Stopped
-            metrics = dict(result.data["metrics"])
             died = self._died(slot, result)
             if died is not None:
                 crashed.append(died)
@@ -505,7 +532,9 @@ class LiveTune:
             if crashed:
                 return dataclasses.replace(crashed[-1], rate=self.inputs.rate)
             return Outcome(metrics=metrics, rate=self.inputs.rate)
-        found = rate_search.search_rate(one, self.plan.slos, start=START_RATE, min_rate=MIN_RATE, max_rate=MAX_RATE,
+        ceiling = self.ceiling()
+        found = rate_search.search_rate(one, self.plan.slos, start=min(START_RATE, ceiling),
+                                        min_rate=min(MIN_RATE, ceiling), max_rate=ceiling,
                                         max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE, repeats=1)
         outcome = rate_search.to_outcome(found)
         if crashed and found.rate is None:
@@ -513,6 +542,17 @@ class LiveTune:
         if crashed:  # held at a lower rate, died above it: the winner's rate is below the one that killed it
             outcome = dataclasses.replace(outcome, data={**dict(outcome.data), "died_above": crashed[-1].detail})
         return outcome
+
+    def ceiling(self) -> float:
+        """The rate search's upper end: twice estimate's throughput bound of one instance for the shortest
+        requests (`capacity.rate_ceiling`), or `MAX_RATE` without a model profile."""
+        bound = None
+        if self.plan.profile is not None:
+            bound = capacity.throughput_bound(chip=self.inputs.chip, model=self.plan.profile,
+                                              prompt_tokens=self.plan.shortest_prompt,
+                                              output_tokens=self.plan.shortest_output,
+                                              npus=self.plan.space.npus_per_instance or 1)
+        return capacity.rate_ceiling(bound, fallback=MAX_RATE)
 
     # ------------------------------------------------------------------ the whole run
 
@@ -539,10 +579,12 @@ class LiveTune:
 
         def check(slot: Slot) -> Verification:
             self._stage(slot, None, f"confirming at {rate:.3g} req/s")
-            result = self.probe(slot, rate, warmup=self.inputs.warmup, seed=self.inputs.seed + 7)
-            verdict = slo.judge(self.plan.slos, result.data["metrics"])
-            self._stage(slot, None, "confirmed" if verdict.met else "missed")
-            return Verification(slot.host, slot.name, rate, verdict.met, verdict.values(), verdict.line)
+            _result, metrics = self.probe(slot, rate, warmup=self.inputs.warmup, seed=self.inputs.seed + 7)
+            verdict = slo.judge(self.plan.slos, metrics)
+            probe = capacity.judge_probe(self.plan.slos, metrics)
+            self._stage(slot, None, "confirmed" if probe.met else "missed")
+            return Verification(slot.host, slot.name, rate, probe.met, verdict.values(),
+                                verdict.line if probe.met else probe.detail)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(self.plan.instances))) as pool:
             return tuple(pool.map(check, self.plan.instances))
@@ -652,7 +694,7 @@ def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> screens.Predictor:
         model=plan.profile or plan.model, chip=inputs.chip, slos=inputs.slos, run_dir=inputs.run_dir,
         engine=plan.engine, space=plan.space.name, prompt_tokens=inputs.prompt_tokens,
         output_tokens=inputs.output_tokens, requests=inputs.requests,
-        rate=inputs.rate if inputs.rate is not None else MIN_RATE,
+        rate=inputs.rate if inputs.rate is not None else MIN_RATE, objective="goodput",
         npus_per_instance=plan.space.npus_per_instance or 1, seed=inputs.seed)
     workload = tune_sim.Workload(tune_sim.LengthSpec.parse(inputs.prompt_tokens, "--prompt-tokens"),
                                  tune_sim.LengthSpec.parse(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)

@@ -38,6 +38,8 @@ class Evaluation:
     metrics: dict[str, Any] = field(default_factory=dict)
     agreement: float = 1.0  # expected share of output tokens equal to the unsparsified output
     kv_capacity_tokens: int = 0
+    # every request as the probe would record it, in send order (windowed metrics: dsctl.core.tune.capacity)
+    records: list[probe_metrics.RequestRecord] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -102,7 +104,7 @@ def evaluate(config: engine_config.EngineConfig, workload: Workload, arrival: ar
         records.append(record)
     ends = [r.finished_at for r in done if r.finished_at is not None] or [sched.now]
     metrics = probe_metrics.calculate_metrics(records, max(ends), goodput_ms)
-    return Evaluation(config, status, message, metrics, agreement, plan.capacity_tokens)
+    return Evaluation(config, status, message, metrics, agreement, plan.capacity_tokens, records)
 
 
 # --------------------------------------------------------------------------- SLO targets over many configurations

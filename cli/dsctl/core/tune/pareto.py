@@ -48,6 +48,8 @@ class TrialRecord:
     slot: int = -1
     duration_s: float | None = None
     duplicate_of: int | None = None
+    # capacity objective: sustained_rate, at_ceiling, ceiling, interval, noise, window_s, samples, warmup, per_npu
+    capacity: dict[str, Any] | None = None
     context: dict[str, Any] = field(default_factory=dict)  # versions, env, log tail
 
     @property

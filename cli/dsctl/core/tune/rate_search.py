@@ -13,6 +13,10 @@ highest rate that held (``lo``) and the lowest that missed (``hi``).
 3. Repeat the winning rate ``repeats`` times (single-run verdicts flip under noise: AIPerf's caveat, vLLM's 3
    runs).  If a repeat misses, that rate becomes ``hi`` and the search continues below it.
 
+A probe's verdict is `capacity.judge_probe`'s: the SLOs, and a miss when the metrics carry a steady-state verdict
+that says the window was not sustained.  A search that held at ``max_rate`` (the ceiling) says so
+(``at_ceiling``): its rate is a lower bound, not a measured capacity.
+
 Rates are floats throughout (vllm-project/vllm#47651: integer anchors broke below 1 req/s).  Every probe counts
 against ``max_probes`` (repeats included; the repeats are reserved up front), so the search always ends.
 """
@@ -24,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsctl.core.tune import capacity
 from dsctl.core.tune import slo as slo_mod
 from dsctl.core.tune.search import Outcome
 
@@ -47,6 +52,22 @@ class RateSearchResult:
     probes: tuple[RateProbe, ...]
     stopped: str
     confirmed: bool = True  # False: the probe budget ran out before ``rate`` could be repeated
+    ceiling: float | None = None  # the search's max_rate
+
+    @property
+    def at_ceiling(self) -> bool:
+        """No rate above ``rate`` missed (the ceiling held, or the probes ran out climbing): capacity is at least
+        ``rate``, and nothing above it was measured."""
+        return self.rate is not None and self.lowest_missing is None
+
+    @property
+    def noise(self) -> float:
+        """`capacity.relative_noise` of the verdict: the bracket's width, the repeats' spread at ``rate``."""
+        if self.rate is None:
+            return 0.0
+        achieved = [(p.metrics.get(capacity.STEADY) or {}).get("achieved_rate") for p in self.probes
+                    if p.rate == self.rate and p.met]
+        return capacity.relative_noise(self.rate, self.lowest_missing, [a for a in achieved if a is not None])
 
     @property
     def metrics(self) -> Mapping[str, Any] | None:
@@ -61,22 +82,43 @@ class RateSearchResult:
         return min(self.probes, key=lambda p: p.margin) if self.probes else None
 
 
+def capacity_summary(result: RateSearchResult) -> dict[str, Any]:
+    """What the report shows of a trial's capacity: the sustained rate (None: none held), whether it is only the
+    ceiling's lower bound, the window and samples of its probe, the interval and noise of the verdict."""
+    steady = dict((result.metrics or {}).get(capacity.STEADY) or {}) if result.rate is not None else {}
+    return {"sustained_rate": result.rate, "at_ceiling": result.at_ceiling, "ceiling": result.ceiling,
+            "interval": [result.rate, result.lowest_missing], "noise": result.noise,
+            "window_s": steady.get("window_s"), "samples": steady.get("samples"), "warmup": steady.get("warmup"),
+            "required": steady.get("required"), "undersized": steady.get("undersized"),
+            "offered_rate": steady.get("offered_rate"), "achieved_rate": steady.get("achieved_rate")}
+
+
 def to_outcome(result: RateSearchResult, **data: Any) -> Outcome:
     """The search driver's `Outcome` for a rate search: the metrics at the highest rate that held (the objective
     then comes from them: goodput or throughput at that rate), or, when none held, the probe nearest to the SLO
     (recorded as an SLO miss with its binding constraint)."""
     if result.rate is not None:
-        return Outcome(metrics=result.metrics, rate=result.rate, data={"rate_search": _summary(result), **data})
+        return Outcome(metrics=result.metrics, rate=result.rate,
+                       data={"rate_search": _summary(result), "capacity": capacity_summary(result), **data})
     closest = result.closest
     return Outcome(metrics=None if closest is None else closest.metrics,
                    rate=None if closest is None else closest.rate, detail=result.stopped,
-                   data={"rate_search": _summary(result), **data})
+                   data={"rate_search": _summary(result), "capacity": capacity_summary(result), **data})
 
 
 def _summary(result: RateSearchResult) -> dict[str, Any]:
     return {"rate": result.rate, "lowest_missing": result.lowest_missing, "stopped": result.stopped,
-            "confirmed": result.confirmed,
-            "probes": [{"rate": p.rate, "met": p.met, "margin": p.margin, "repeat": p.repeat} for p in result.probes]}
+            "confirmed": result.confirmed, "ceiling": result.ceiling, "at_ceiling": result.at_ceiling,
+            "probes": [{"rate": p.rate, "met": p.met, "margin": p.margin, "binding": p.binding, "repeat": p.repeat,
+                        **_window(p)} for p in result.probes]}
+
+
+def _window(p: RateProbe) -> dict[str, Any]:
+    steady = p.metrics.get(capacity.STEADY)
+    if not steady:
+        return {}
+    return {"sustained": steady.get("sustained"), "window_s": steady.get("window_s"),
+            "samples": steady.get("samples"), "achieved_rate": steady.get("achieved_rate")}
 
 
 def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_rate: float, max_rate: float,
@@ -93,8 +135,8 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
 
     def run(rate: float, repeat: bool = False) -> RateProbe:
         metrics = probe(rate)
-        verdict = slo_mod.judge(slos, metrics)
-        result = RateProbe(rate, verdict.met, verdict.margin, verdict.binding.slo.key, metrics, repeat)
+        verdict = capacity.judge_probe(slos, metrics)
+        result = RateProbe(rate, verdict.met, verdict.margin, verdict.binding, metrics, repeat)
         probes.append(result)
         return result
 
@@ -136,7 +178,8 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
                 hi = rate
         if lo is None:
             return RateSearchResult(None, hi, tuple(probes), f"even {min_rate:g} req/s misses the SLO"
-                                    if hi is not None and hi <= min_rate else "no rate held within the probe budget")
+                                    if hi is not None and hi <= min_rate else "no rate held within the probe budget",
+                                    ceiling=max_rate)
         # 3. confirm
         confirmed, missed = True, False
         for _ in range(repeats):
@@ -151,8 +194,9 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
             safe = [p.rate for p in probes if p.repeat and p.met and p.rate < lo and not _missed_at(probes, p.rate)]
             if safe:
                 return RateSearchResult(max(safe), hi, tuple(probes), "probe budget spent; reporting the highest "
-                                        "rate that held on a repeat")
-            return RateSearchResult(lo, hi, tuple(probes), "probe budget spent before a repeat", confirmed=False)
+                                        "rate that held on a repeat", ceiling=max_rate)
+            return RateSearchResult(lo, hi, tuple(probes), "probe budget spent before a repeat", confirmed=False,
+                                    ceiling=max_rate)
         if not missed:
             if hi is None:
                 stopped = f"max_rate {max_rate:g} req/s holds" if lo >= max_rate else "probe budget spent"
@@ -160,7 +204,7 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
                 stopped = f"bracketed within {rel_tol:.0%}"
             else:
                 stopped = "probe budget spent"
-            return RateSearchResult(lo, hi, tuple(probes), stopped)
+            return RateSearchResult(lo, hi, tuple(probes), stopped, ceiling=max_rate)
         # the repeat missed: that rate is not safe; continue below it with the rates that held there
         hi = lo
         held_below = [p.rate for p in probes if p.rate < hi and p.met and not _missed_at(probes, p.rate)]

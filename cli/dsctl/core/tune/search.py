@@ -29,8 +29,15 @@ failed and its configuration queued again, so it is evaluated exactly once and n
 is reseeded before every ask from (seed, controller, number of trials asked so far): with one slot and a
 deterministic evaluator, an interrupted and resumed study asks exactly the candidates an uninterrupted one asks.
 
-Best: the highest objective (request goodput, or request throughput) among feasible trials; ties go to the one
-with more SLO headroom (the lower binding margin), then to the earlier trial.
+Objectives: ``capacity`` (the default): the highest offered rate the candidate sustains while meeting every SLO
+(`dsctl.core.tune.capacity`: probes sized for the SLO's percentile, a warm-up, a steady-state window; the
+evaluator's rate search gives it as ``Outcome.rate``); ``goodput`` / ``throughput``: request goodput or request
+throughput at the rate the metrics were measured at (``--rate``, or the highest that held).
+
+Best: the highest objective among feasible trials.  Where the trials' verdicts carry a noise (capacity: the rate
+search's bracket and the repeats' spread, `capacity.relative_noise`), trials are taken in order and a candidate
+replaces the incumbent only when it beats it beyond the larger noise (`capacity.beats`); otherwise ties go to the
+one with more SLO headroom (the lower binding margin), then to the earlier trial.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from dsctl.core.tune import capacity as capacity_mod
 from dsctl.core.tune import quality as quality_mod
 from dsctl.core.tune import slo as slo_mod
 from dsctl.core.tune.pareto import TrialRecord
@@ -62,7 +70,7 @@ from dsctl.errors import UsageError
 
 CRASH_VIOLATION = 100.0
 MAX_SLO_VIOLATION = 10.0  # an SLO missed 10x over is as bad as it gets for steering; a crash is worse
-OBJECTIVES = ("goodput", "throughput")
+OBJECTIVES = ("capacity", "goodput", "throughput")
 STRATEGIES = ("tpe", "random")
 _ATTR = "dsctl"  # the user attribute holding a trial's record
 
@@ -145,7 +153,7 @@ class SearchSettings:
     budget: int  # evaluations (restarts) in the study
     slots: int = 1  # candidates evaluated at once
     seed: int = 0
-    objective: str = "goodput"
+    objective: str = "capacity"
     n_startup_trials: int | None = None  # random trials before TPE models; default max(4, min(10, budget // 3))
     max_asks: int | None = None  # default 20 x budget + 100
     max_wall_s: float | None = None  # stop asking after this; running trials get the same again to finish
@@ -381,11 +389,19 @@ class Search:
         verdict = slo_mod.judge(self.slos, metrics) if metrics is not None else None
         constraints: dict[str, float] = {}
         objective = None
+        margin = verdict.margin if verdict is not None else None
         if verdict is not None:
             constraints.update({key: min(value, MAX_SLO_VIOLATION) for key, value in verdict.margins().items()})
+            constraints["sustained"] = 0.0
             objective = self._objective(outcome, metrics)
             if failure is None and not verdict.met:
                 failure, detail = Failure.SLO_MISS, verdict.line
+            elif failure is None:
+                probe = capacity_mod.judge_probe(self.slos, metrics)
+                if not probe.met:  # the SLO statistics held, but over a window the instance did not sustain
+                    failure, detail = Failure.SLO_MISS, probe.detail
+                    constraints["sustained"] = min(probe.margin, MAX_SLO_VIOLATION)
+                    margin = probe.margin
         agreement = outcome.agreement if outcome is not None else None
         if failure is None and candidate.needs_quality:
             if agreement is None:
@@ -407,17 +423,20 @@ class Search:
             number=candidate.number, controller=self.controller, config=candidate.config, params=candidate.params,
             fields=candidate.fields, evaluated=evaluated, feasible=failure is None, failure=failure.value if failure
             else None, detail=detail, objective_name=self.settings.objective, objective=objective,
-            margin=verdict.margin if verdict is not None else None,
+            margin=margin,
             binding=verdict.binding.slo.key if verdict is not None else None,
             slo_values=verdict.values() if verdict is not None else {}, constraints=constraints, metrics=metrics,
             rate=outcome.rate if outcome is not None else None, agreement=agreement,
             npus=self.settings.npus_per_instance, slot=candidate.slot,
+            capacity=_capacity(outcome, self.settings.npus_per_instance),
             duration_s=None if started is None else max(0.0, finished - started),
             context={**self.context, **(dict(outcome.data) if outcome is not None else {})})
 
     def _objective(self, outcome: Outcome, metrics: Mapping[str, Any]) -> float:
         if outcome.objective is not None:
             return float(outcome.objective)
+        if self.settings.objective == "capacity":
+            return float(outcome.rate or 0.0)  # the highest rate that held (sustained, SLO met)
         key = "request_goodput" if self.settings.objective == "goodput" else "request_throughput"
         value = metrics.get(key)
         if value is None and key == "request_goodput":
@@ -555,11 +574,32 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
+def _capacity(outcome: Outcome | None, npus: int) -> dict[str, Any] | None:
+    """The rate search's capacity summary (`rate_search.capacity_summary`) with the rate per NPU."""
+    raw = (outcome.data.get("capacity") if outcome is not None else None) or None
+    if raw is None:
+        return None
+    rate = raw.get("sustained_rate")
+    return {**raw, "npus": npus, "per_npu": None if rate is None else rate / max(1, npus)}
+
+
+def _noise(record: TrialRecord) -> float:
+    return float((record.capacity or {}).get("noise") or 0.0)
+
+
 def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The highest objective among feasible evaluated trials; ties: lower binding margin, then earlier."""
+    """The highest objective among feasible evaluated trials; with noisy verdicts a later trial replaces the
+    incumbent only beyond the noise; without, ties go to the lower binding margin, then the earlier trial."""
     feasible = [r for r in records if r.feasible and r.evaluated and r.objective is not None]
     if not feasible:
         return None
+    if any(_noise(r) > 0 for r in feasible):
+        incumbent = None
+        for record in sorted(feasible, key=lambda r: r.number):
+            if incumbent is None or capacity_mod.beats(record.objective, _noise(record), incumbent.objective,
+                                                       _noise(incumbent)):
+                incumbent = record
+        return incumbent
     top = max(r.objective for r in feasible)
     tied = [r for r in feasible if math.isclose(r.objective, top, rel_tol=1e-9, abs_tol=1e-12)]
     return min(tied, key=lambda r: (r.margin if r.margin is not None else 0.0, r.number))
