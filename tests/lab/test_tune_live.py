@@ -109,7 +109,10 @@ def test_ctrl_c_during_a_live_tune_restores_every_instance(served_lab):
     code, report = deploy(path)
     assert code == 0, report["errors"]
     err = directory / "tune-interrupted.err"
-    env = {**os.environ, "DSCTL_LAB_ROOT": str(LAB_ROOT), "COLUMNS": "200"}
+    # A state directory of its own, as above: another run's pruning of a shared one removed this study's journal
+    # lock under it (FileNotFoundError on study.journal.lock..., seen with other engineers' runs beside it).
+    env = {**os.environ, "DSCTL_LAB_ROOT": str(LAB_ROOT), "COLUMNS": "200",
+           "XDG_STATE_HOME": str(directory / "state-interrupted")}
     with err.open("w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "dsctl", "tune", str(path), *TUNE_ARGS, "--budget", "12"],
                                 stdout=subprocess.DEVNULL, stderr=stderr, env=env, text=True)
