@@ -46,7 +46,7 @@ def _records(rate: float, n: int, *, service_rate: float | None = None, ttft: fl
         first = start + ttft
         done = first + 0.1 if service_rate is None else max(first, start + 1 / service_rate)
         free = done
-        out.append(RequestRecord(f"r{i}", scheduled=at, sent=at, chunk_times=[first, done], text_chunks=2,
+        out.append(RequestRecord(f"r{i}", scheduled=at, sent=at, chunk_times=[first, done], token_messages=2,
                                  status=200, end=done))
     return out
 
