@@ -19,7 +19,6 @@ import pytest
 
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, Target, Timeouts
 from dsctl.adapters.tokenizer import LocalTokenizer
-from dsctl.commands.probe import render
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
 from dsctl.core.load.slo_spec import Slo
 from dsctl.errors import ExitStatus, UsageError
@@ -620,21 +619,16 @@ def test_the_tokenizer_is_checked_once_against_the_servers_own_prompt_count(tmp_
     assert doc["max_tokens"] == 1 and doc["stream"] is False and "stream_options" not in doc
     assert len(server.seen) == 3  # the warm-up and the measured requests, streamed
     check, warnings = result.data["tokenizer_check"], result.data["warnings"]
-    render(result.data)
-    shown = capsys.readouterr()
     if server_counts == "like the tokenizer":
         assert check["agrees"] is True and check["server_tokens"] == check["tokenizer_tokens"] + 1 and not warnings
-        assert f"agrees (tokenizer {check['tokenizer_tokens']}, server " in shown.out and not shown.err
     elif server_counts == "unlike it":
         assert check["agrees"] is False and check["tokenizer_tokens"] > 2 * check["server_tokens"]
         [warning] = warnings
         assert f"counts {check['tokenizer_tokens']} tokens" in warning and f"as {check['server_tokens']} " in warning
-        assert "WARNING: disagrees" in shown.out and warning in " ".join(shown.err.split())
     else:
         assert check["agrees"] is None and check["server_tokens"] is None
         [warning] = warnings
         assert "could not be checked" in warning and "no usage.prompt_tokens" in warning
-        assert "not made" in shown.out
 
 
 def test_a_tokenizer_recount_of_chat_is_within_the_tokenizers_difference(tmp_path):

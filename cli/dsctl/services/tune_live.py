@@ -444,7 +444,7 @@ class LiveTune:
 
         result = probe_verb.probe(_Stopping(), cfg)
         metrics = capacity.window_metrics(result.result.records, size.warmup, required=size.rule,
-                                          goodput_ms=self.bounds)
+                                          goodput_ms=slo.goodput_bounds_ms(self.goodput))
         metrics["errors"] = result.data["metrics"]["errors"]  # the whole probe's failures: the crash check's
         return result, metrics
 
