@@ -62,23 +62,16 @@ def truth_evaluator(truth: Truth):
     def evaluate(candidate: Candidate) -> Outcome:
         outcome = truth.outcome(candidate.config)
         if outcome is None:  # the quality guard rules it out: the restart is spent, the agreement is known
-            config = tune.engine_config_for(truth.inputs, truth.space, candidate)
-            return Outcome(agreement=tune._agreement(config))  # noqa: SLF001
+            return Outcome(agreement=truth.agreement(candidate.config))
         return outcome
     return evaluate
 
 
-def dsctl_screen(truth: Truth, budget: int) -> tuple[Any, screens.ModelScreen]:
-    """The screens `dsctl tune --simulate` builds: the roofline, then the model (on dsctl's profile)."""
-    inputs = truth.inputs
-    shortest_prompt = tune._shortest(truth.workload.prompt_len)  # noqa: SLF001
-    shortest_output = tune._shortest(truth.workload.output_len)  # noqa: SLF001
-    roofline = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
-                                       output_tokens=shortest_output, slos=truth.slos,
-                                       npus_per_instance=inputs.npus_per_instance)
-    model = screens.model_screen(tune.model_predictor(inputs, truth.slos, truth.space, truth.workload), truth.slos,
-                                 budget=budget)
-    return screens.combined(roofline, model), model
+def dsctl_screen(truth: Truth, budget: int) -> tuple[Any, screens.ModelScreen | None]:
+    """The screens `dsctl tune --simulate` builds (tune.build_screen: the roofline, then the model on dsctl's
+    profile, consultations bounded by the budget)."""
+    inputs = dataclasses.replace(truth.inputs, budget=budget, screen="model")
+    return tune.build_screen(inputs, truth.slos, truth.space, truth.workload)
 
 
 def run_search(truth: Truth, method: str, seed: int, restarts: int) -> Run:

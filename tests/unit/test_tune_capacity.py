@@ -65,6 +65,20 @@ def test_an_overloaded_rate_is_not_sustained_whatever_its_statistics():
     assert not verdict.met and verdict.binding == "sustained" and verdict.margin > 0
 
 
+def test_a_first_token_that_waits_on_the_running_batch_is_not_a_growing_queue():
+    # A static-batching engine: a request's first token waits for the running batch, so TTFT jumps with the batch's
+    # phase while every request still ends 1 s after it arrives (the count in flight stays at rate x 1 s).
+    records = []
+    for i in range(220):
+        at = i / 10.0
+        ttft = 0.05 if i < 120 else 0.6
+        records.append(RequestRecord(f"r{i}", scheduled=at, sent=at, chunk_times=[at + ttft, at + 1.0],
+                                     token_messages=2, status=200, end=at + 1.0))
+    steady = capacity.steady_state(records, 20, required=50)
+    assert steady.sustained, steady.reason
+    assert steady.in_flight_first_half == pytest.approx(10.0, abs=1.0) == steady.in_flight_second_half
+
+
 def test_the_ceiling_is_twice_estimates_bound_and_a_search_that_holds_there_says_so():
     bound = capacity.throughput_bound(chip="910B3", model="r1-7b", prompt_tokens=512, output_tokens=128, npus=1)
     assert bound == pytest.approx(16.9, rel=0.05)

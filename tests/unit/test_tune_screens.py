@@ -64,3 +64,50 @@ def test_model_screen_consultations_are_bounded_per_restart_of_the_budget():
         screen(_candidate(n))
     assert screen.consulted == screen.max_consultations  # past the bound it is not asked: the measurement decides
     assert screen(_candidate(99)) is None
+
+
+def test_a_lossy_candidate_the_model_predicts_below_the_quality_floor_is_not_started():
+    def predict(candidate: Candidate):  # every candidate meets the SLO; only its predicted agreement differs
+        return None, {"completed": 50, "ttft_ms": {"p99": 100.0}, screens.AGREEMENT: candidate.config["agreement"]}
+
+    def lossy(agreement: float) -> Candidate:
+        return Candidate(number=0, config={"agreement": agreement}, params={}, fields={}, needs_quality=True)
+
+    screen = screens.model_screen(predict, parse_slos(["ttft=200ms"]), min_agreement=0.9)
+    assert screen(lossy(0.92)) is None
+    reason = screen(lossy(0.88))
+    assert reason is not None and "agreement" in reason and "0.88" in reason and "0.9" in reason
+    assert screens.model_screen(predict, parse_slos(["ttft=200ms"]), min_agreement=0.85)(lossy(0.88)) is None
+
+
+def test_the_simulated_model_screen_predicts_agreement_from_the_sparsity_threshold():
+    from pathlib import Path
+
+    from dsctl.services import tune
+
+    inputs = tune.TuneInputs(model="deepseek-r1-distill-qwen-7b", chip="910B3", slos=("tpot:p90=60ms",),
+                             run_dir=Path("."), engine="lab-engine", prompt_tokens="256", output_tokens="32",
+                             max_model_len=4096, npus_per_instance=1, budget=4)
+    slos, space, workload = tune.resolve(inputs)
+    _, model = tune.build_screen(inputs, slos, space, workload)
+    assert model is not None
+
+    def candidate(threshold: float) -> Candidate:
+        config = {"batch_size": 8, "stream_num": 1, "kv_sparse_threshold": threshold}
+        return Candidate(0, config, space.params(config), space.fields(config), threshold > 0)
+
+    assert model.reason(candidate(0.1)) is None  # keeps 71 % of the KV pairs: agreement 0.96 in dsctl's model
+    assert "agreement" in (model.reason(candidate(0.5)) or "")  # 0.68
+
+
+def test_a_quality_verdict_is_never_overruled_and_leaves_the_run_of_rejections_alone():
+    def predict(candidate: Candidate):  # even numbers: lossy below the floor; odd ones: predicted to miss the SLO
+        if candidate.number % 2 == 0:
+            return None, {"completed": 50, "ttft_ms": {"p99": 100.0}, screens.AGREEMENT: 0.5}
+        return None, {"completed": 50, "ttft_ms": {"p99": 1000.0}}
+
+    screen = screens.ModelScreen(predict, parse_slos(["ttft=200ms"]), max_rejected_in_a_row=2)
+    verdicts = [screen(_candidate(n)) is None for n in range(12)]
+    # the SLO misses (odd) are overruled every third one; the quality misses (even) never
+    assert [v for n, v in enumerate(verdicts) if n % 2 == 0] == [False] * 6
+    assert [v for n, v in enumerate(verdicts) if n % 2] == [False, False, True, False, False, True]

@@ -175,7 +175,7 @@ def run(
     requests: Annotated[int | None, typer.Option(
         "--requests", help="Floor on a probe's measured requests. By default each probe has 10 requests beyond the "
                            "SLO's percentile (p99: 1000, p95: 200, p90: 100, mean/median: 50), plus a warm-up at "
-                           "the same rate (10 %, at least 10) outside the statistics, and a window of at least 20 s "
+                           "the same rate (10 %, at least 10) outside the statistics, and a window of at least 100 s "
                            "(--simulate, virtual) or 10 s (live, the engine's modelled time): requests = max(rule, "
                            "rate x window). A value below the rule is refused.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Live: requests before each trial's first probe.")] = 4,

@@ -56,7 +56,10 @@ MAX_REQUESTS = 5000  # per probe: a simulated run of 1000 requests takes ~0.7 s
 MAX_BUDGET = 1000
 # Rate search bounds (req/s): the lowest rate worth reporting and, without an estimate's bound (capacity.rate_ceiling),
 # a ceiling; the first probe at START_RATE, doubling or halving from there, then bisection to RATE_TOLERANCE.
-MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.05, 256.0, 1.0, 0.1, 10
+# Simulated probes cost no wall time, so the bracket is narrowed to 2 % (live: tune_live's 15 %): at 10 % every
+# capacity fell on the same few rates (common random numbers send every candidate through the same probes) and
+# the landscapes' tops were steps of 8 % (bench/tune.py chat-fixed: every method at 91.7 % of the optimum).
+MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.05, 256.0, 1.0, 0.02, 16
 # EngineConfig fields the offline evaluator models, by registry name (the rest of the registry is not simulated).
 _MODELLED = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {
     "model", "chip", "mode", "weight_bytes", "alloc_conf", "visible_npus"}
@@ -127,7 +130,7 @@ def sample_rule(slos: tuple[slo.Slo, ...]) -> dict[str, Any]:
     return {"measured_at_least": capacity.required_samples(slos), "tail_samples": capacity.TAIL_SAMPLES,
             "warmup_share": capacity.WARMUP_SHARE, "min_warmup": capacity.MIN_WARMUP,
             "throughput_slack": capacity.THROUGHPUT_SLACK, "growth_factor": capacity.GROWTH_FACTOR,
-            "growth_slack_ms": capacity.GROWTH_SLACK_MS}
+            "growth_slack_requests": capacity.GROWTH_SLACK_REQUESTS}
 
 
 def ranked(trials: tuple[TrialRecord, ...]) -> list[TrialRecord]:
@@ -245,12 +248,16 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
                                detail=e.message, rate=inputs.rate, agreement=e.agreement, data={"log_tail": e.message})
             return Outcome(metrics=metrics, rate=inputs.rate, agreement=e.agreement)
         crashed: list[evaluate.Evaluation] = []
-        probes = 0
+        probed: dict[float, int] = {}
 
         def probe(rate: float) -> dict[str, Any]:
-            nonlocal probes
-            e, metrics = run(config, rate, inputs.seed + probes)  # each probe its own requests: a repeat is one
-            probes += 1
+            # Common random numbers: every rate's first probe, of every candidate, draws the same requests and the
+            # same arrival pattern (scaled to the rate), so verdicts across rates and candidates differ by the
+            # engine, not by the draw (seeded per probe, the optimum's capacity varied 0.56-2.7 req/s with the
+            # seed: bench/landscape.py chat-fixed).  A repeat at a rate is a new draw: it measures the noise.
+            repeat = probed.get(rate, 0)
+            probed[rate] = repeat + 1
+            e, metrics = run(config, rate, inputs.seed + repeat)
             if not e.ok:
                 crashed.append(e)
                 return {**metrics, "completed": 0}  # the engine died at this rate: it holds nothing there
@@ -264,7 +271,7 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
             last = crashed[-1]  # it failed at every rate tried: the engine dies under this load, not an SLO miss
             return Outcome(failure=_failure(last.status, last.message), detail=last.message,
                            data={"log_tail": last.message, **outcome.data})
-        return dataclasses.replace(outcome, agreement=_agreement(config))
+        return dataclasses.replace(outcome, agreement=agreement(config))
 
     return evaluator
 
@@ -301,12 +308,31 @@ def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_
             return exc.message, None
         e = evaluate.evaluate(config, workload, arrivals.ArrivalSpec(process="poisson", rate=rate), requests,
                               seed=inputs.seed + seed_offset, goodput_ms=bounds)
-        return None, dict(e.metrics) if e.ok and e.metrics else None
+        if not (e.ok and e.metrics):
+            return None, None
+        quality_guard = {screens.AGREEMENT: agreement(config)} if candidate.needs_quality else {}
+        return None, {**e.metrics, **quality_guard}
 
     return predict
 
 
-def _agreement(config: EngineConfig) -> float:
+def build_screen(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace, workload: Workload
+                 ) -> tuple[search.Screen | None, screens.ModelScreen | None]:
+    """The screen of a --simulate run (``inputs.screen``: the roofline, then the model; the roofline alone; none)
+    and its model screen, whose counts a caller may read (bench/tune.py builds the same screen with it)."""
+    if inputs.screen == "none":
+        return None, None
+    roofline = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=_shortest(
+        workload.prompt_len), output_tokens=_shortest(workload.output_len), slos=slos,
+        npus_per_instance=inputs.npus_per_instance)
+    if inputs.screen != "model":
+        return roofline, None
+    model = screens.model_screen(model_predictor(inputs, slos, space, workload), slos, budget=inputs.budget)
+    return screens.combined(roofline, model), model
+
+
+def agreement(config: EngineConfig) -> float:
+    """The offline model's output agreement of ``config`` with the unsparsified baseline (1.0 without sparsity)."""
     from dsctl.core.perf import perfmodel
 
     if not 0 <= config.kv_sparse_threshold < 1:
@@ -333,7 +359,6 @@ def prepare(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSp
 
 def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResult:
     slos, space, workload = prepare(inputs)
-    shortest_prompt, shortest_output = _shortest(workload.prompt_len), _shortest(workload.output_len)
     run_dir = inputs.run_dir
     journal = run_dir / JOURNAL
     if inputs.resume and not journal.is_file():
@@ -345,24 +370,19 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
     best: list[TrialRecord] = []
 
     def on_event(phase: str, record: TrialRecord) -> None:
-        if phase == "told" and record.feasible and record.evaluated and (
-                not best or (record.objective or 0.0) > (best[0].objective or 0.0)):
-            best[:] = [record]
-        counts = search.count(driver.result().trials) if phase == "told" else {}
+        counts = {}
+        if phase == "told":  # the incumbent as the result will name it (a later trial wins only beyond the noise)
+            trials = driver.result().trials
+            counts = search.count(trials)
+            incumbent = search.best_trial(trials)
+            best[:] = [incumbent] if incumbent is not None else []
         progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
                   "status": _status(record) if phase == "told" else "running", "objective": record.objective,
                   "detail": record.detail, "evaluated": counts.get("evaluated"), "crashed": counts.get("crashed"),
                   "feasible": counts.get("feasible"), "budget": inputs.budget,
                   "best": best[0].objective if best else None})
 
-    screen = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
-                                     output_tokens=shortest_output, slos=slos,
-                                     npus_per_instance=inputs.npus_per_instance)
-    if inputs.screen == "model":
-        screen = screens.combined(screen, screens.model_screen(model_predictor(inputs, slos, space, workload), slos,
-                                                                  budget=inputs.budget))
-    elif inputs.screen == "none":
-        screen = None
+    screen, _ = build_screen(inputs, slos, space, workload)
     driver = search.Search(space, slos, simulator(inputs, slos, space, workload),
                            search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
                                                  objective=inputs.objective,

@@ -624,10 +624,12 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
     best: list[TrialRecord] = []
 
     def on_event(phase: str, record: TrialRecord) -> None:
-        if phase == "told" and record.feasible and record.evaluated and (
-                not best or (record.objective or 0.0) > (best[0].objective or 0.0)):
-            best[:] = [record]
-        counts = search.count(driver.result().trials) if phase == "told" else {}
+        counts = {}
+        if phase == "told":  # the incumbent as the result will name it (a later trial wins only beyond the noise)
+            trials = driver.result().trials
+            counts = search.count(trials)
+            incumbent = search.best_trial(trials)
+            best[:] = [incumbent] if incumbent is not None else []
         slot = plan.slots[record.slot] if 0 <= record.slot < len(plan.slots) else None
         progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
                   "status": _status(record) if phase == "told" else "running", "objective": record.objective,
@@ -645,7 +647,8 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
                                          npus_per_instance=plan.space.npus_per_instance or 1)
         if inputs.screen == "model" and plan.engine in tune_sim.ENGINES:
             screen = screens.combined(screen, screens.model_screen(_predictor(inputs, plan), plan.slos,
-                                                                      budget=inputs.budget))
+                                                                      budget=inputs.budget,
+                                                                      min_agreement=inputs.min_agreement))
     try:
         tune.baseline()
         driver = search.Search(

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from dsctl.core.perf.estimate import SLO_METRICS, estimate
+from dsctl.core.tune import quality
 from dsctl.core.tune import slo as slo_mod
 from dsctl.core.tune.search import Candidate
 
@@ -83,8 +84,10 @@ MODEL_TOLERANCE = 0.25
 MODEL_MAX_REJECTED_IN_A_ROW = 8
 MODEL_CONSULTATIONS_PER_RESTART = 8
 
-# (candidate) -> (start-up failure message or None, the modelled metrics at the lowest load the tune probes)
+# (candidate) -> (start-up failure message or None, the modelled metrics at the lowest load the tune probes; for a
+# candidate that faces the quality guard, the model's output agreement with the baseline under `AGREEMENT`)
 Predictor = Callable[[Candidate], tuple[str | None, dict | None]]
+AGREEMENT = "agreement"
 
 
 class ModelScreen:
@@ -93,14 +96,18 @@ class ModelScreen:
     to the live health gate), or when, at the lowest load the tune would probe, its modelled value of an SLO exceeds
     the bound by more than ``tolerance`` (relative).  Unlike the roofline this is a prediction, not a bound: the
     tolerance is the model error it allows, and the screen is bounded (``max_rejected_in_a_row``,
-    ``max_consultations``).  ``consulted``, ``rejected`` and ``overruled`` count what it did."""
+    ``max_consultations``).  A candidate that faces the quality guard is not started when the model's agreement
+    with the baseline is below ``min_agreement``: the guard would reject it after its restart (kv_sparse_threshold
+    0-0.9 against the 0.9 floor: half of all restarts of bench/tune.py's chat-fixed runs were such).
+    ``consulted``, ``rejected`` and ``overruled`` count what it did."""
 
     def __init__(self, predict: Predictor, slos: Sequence[slo_mod.Slo], *, tolerance: float = MODEL_TOLERANCE,
                  startup: bool = True, max_rejected_in_a_row: int = MODEL_MAX_REJECTED_IN_A_ROW,
-                 max_consultations: int | None = None):
+                 max_consultations: int | None = None, min_agreement: float = quality.DEFAULT_MIN_AGREEMENT):
         if max_rejected_in_a_row < 1 or (max_consultations is not None and max_consultations < 0):
             raise ValueError("the model screen's bounds must be positive")
         self.predict, self.slos, self.tolerance, self.startup = predict, slos, tolerance, startup
+        self.min_agreement = min_agreement
         self.max_rejected_in_a_row, self.max_consultations = max_rejected_in_a_row, max_consultations
         self.consulted = 0
         self.rejected = 0
@@ -109,26 +116,41 @@ class ModelScreen:
 
     def reason(self, candidate: Candidate) -> str | None:
         """The model's verdict on ``candidate``, unbounded and uncounted."""
+        return self._verdict(candidate)[0]
+
+    def _verdict(self, candidate: Candidate) -> tuple[str | None, bool]:
+        """(why not to start ``candidate`` or None, whether that is a quality verdict)."""
         failure, metrics = self.predict(candidate)
         if failure is not None:
-            return f"model: the engine would not start: {failure.splitlines()[0]}" if self.startup else None
+            return (f"model: the engine would not start: {failure.splitlines()[0]}" if self.startup else None), False
         if metrics is None:
-            return None
+            return None, False
+        agreement = metrics.get(AGREEMENT)
+        if agreement is not None and agreement < self.min_agreement:
+            return (f"model: output agreement with the baseline predicted {agreement:.3g}, below the quality "
+                    f"floor {self.min_agreement:g}"), True
         verdict = slo_mod.judge(self.slos, metrics)
         worst = max(verdict.checks, key=lambda check: check.margin)
         if worst.margin > self.tolerance:
             return (f"model: {worst.slo.key} predicted {worst.value:.4g} at the lowest load, over {worst.slo.label} "
-                    f"by more than {self.tolerance:.0%}")
-        return None
+                    f"by more than {self.tolerance:.0%}"), False
+        return None, False
 
     def __call__(self, candidate: Candidate) -> str | None:
         if self.max_consultations is not None and self.consulted >= self.max_consultations:
             return None  # spent: from here on the measurement decides
         self.consulted += 1
-        reason = self.reason(candidate)
+        reason, quality_verdict = self._verdict(candidate)
         if reason is None:
             self._in_a_row = 0
             return None
+        if quality_verdict:
+            # Never overruled, and outside the run of rejections: the overrule is there because a performance model
+            # can be wrong over a whole region the sampler keeps proposing, and the agreement model cannot rule out
+            # everything (the unsparsified side of the space always passes).  Overruled, quality verdicts let 8-10
+            # of 25 restarts fail the guard (bench/tune.py chat-fixed: kv_sparse_threshold drawn from 0-0.9).
+            self.rejected += 1
+            return reason
         if self._in_a_row >= self.max_rejected_in_a_row:
             self._in_a_row = 0
             self.overruled += 1
@@ -143,10 +165,12 @@ class ModelScreen:
 
 
 def model_screen(predict: Predictor, slos: Sequence[slo_mod.Slo], *, tolerance: float = MODEL_TOLERANCE,
-                 startup: bool = True, budget: int | None = None) -> ModelScreen:
+                 startup: bool = True, budget: int | None = None,
+                 min_agreement: float = quality.DEFAULT_MIN_AGREEMENT) -> ModelScreen:
     """The model screen of a tune of ``budget`` restarts (consultations bounded per restart; None: unbounded)."""
     limit = None if budget is None else MODEL_CONSULTATIONS_PER_RESTART * max(1, budget)
-    return ModelScreen(predict, slos, tolerance=tolerance, startup=startup, max_consultations=limit)
+    return ModelScreen(predict, slos, tolerance=tolerance, startup=startup, max_consultations=limit,
+                       min_agreement=min_agreement)
 
 
 def combined(*screens: Callable[[Candidate], str | None] | None) -> Callable[[Candidate], str | None]:
