@@ -1,6 +1,7 @@
-"""`dsctl tune` live on lab instances: a tune that meets TTFT p99 <= 200 ms (modelled), records and rolls back a
-candidate that cannot start, writes the winner back and leaves every instance serving it; Ctrl-C during a tune
-restores every instance.  A 2-host lab of its own (provisioned once), so it runs beside test_deploy.py.
+"""`dsctl tune` live on lab instances: a tune that finds the capacity under TTFT median <= 200 ms (modelled),
+records and rolls back a candidate that cannot start, writes the winner back and leaves every instance serving it;
+Ctrl-C during a tune restores every instance.  A 2-host lab of its own (provisioned once), so it runs beside
+test_deploy.py.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def test_a_model_screen_that_rejects_everything_lets_a_candidate_through_after_a
     screen = screens.ModelScreen(_predictor({}), parse_slos(["ttft=200ms"]), max_rejected_in_a_row=3)
     verdicts = [screen(_candidate(n)) for n in range(8)]
     assert [v is None for v in verdicts] == [False, False, False, True, False, False, False, True]
-    assert screen.summary() == {"consulted": 8, "rejected": 6, "overruled": 2, "max_consultations": None}
+    assert screen.summary() == {"consulted": 8, "rejected": 6, "overruled": 2, "max_consultations": None,
+                                "quality_rejected": 0}
 
 
 def test_a_candidate_the_model_passes_resets_the_run_of_rejections():
@@ -111,3 +112,24 @@ def test_a_quality_verdict_is_never_overruled_and_leaves_the_run_of_rejections_a
     # the SLO misses (odd) are overruled every third one; the quality misses (even) never
     assert [v for n, v in enumerate(verdicts) if n % 2 == 0] == [False] * 6
     assert [v for n, v in enumerate(verdicts) if n % 2] == [False, False, True, False, False, True]
+
+
+def test_a_lossy_candidate_predicted_not_to_start_is_rejected_for_its_quality_and_never_overruled():
+    def predict(candidate: Candidate):
+        return "RuntimeError: NPU out of memory.", {screens.AGREEMENT: 0.5}
+
+    screen = screens.ModelScreen(predict, parse_slos(["ttft=200ms"]), max_rejected_in_a_row=1)
+    reasons = [screen(_candidate(n)) for n in range(4)]
+    assert all(reason is not None and "agreement" in reason for reason in reasons)
+
+
+def test_the_closed_form_agreement_rules_lossy_candidates_out_past_the_consultation_bound():
+    def lossy(number: int, agreement: float) -> Candidate:
+        return Candidate(number=number, config={"agreement": agreement}, params={}, fields={}, needs_quality=True)
+
+    screen = screens.model_screen(_predictor({n: 100.0 for n in range(100)}), parse_slos(["ttft=200ms"]), budget=1,
+                                  agreement_of=lambda candidate: candidate.config["agreement"])
+    for n in range(screen.max_consultations):  # spend the model's consultations on candidates it passes
+        assert screen(lossy(n, 1.0)) is None
+    assert screen(lossy(98, 0.5)) is not None and screen(lossy(99, 0.95)) is None
+    assert screen.summary()["quality_rejected"] == 1 and screen.consulted == screen.max_consultations

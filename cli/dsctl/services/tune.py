@@ -302,15 +302,15 @@ def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_
 
     def predict(candidate: Candidate) -> tuple[str | None, dict | None]:
         config = engine_config_for(inputs, space, candidate)
+        quality_guard = {screens.AGREEMENT: agreement(config)} if candidate.needs_quality else {}
         try:
             engine_config.plan(config)
         except engine_config.StartupFailure as exc:
-            return exc.message, None
+            return exc.message, quality_guard or None
         e = evaluate.evaluate(config, workload, arrivals.ArrivalSpec(process="poisson", rate=rate), requests,
                               seed=inputs.seed + seed_offset, goodput_ms=bounds)
         if not (e.ok and e.metrics):
-            return None, None
-        quality_guard = {screens.AGREEMENT: agreement(config)} if candidate.needs_quality else {}
+            return None, quality_guard or None
         return None, {**e.metrics, **quality_guard}
 
     return predict
@@ -327,8 +327,14 @@ def build_screen(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod
         npus_per_instance=inputs.npus_per_instance)
     if inputs.screen != "model":
         return roofline, None
-    model = screens.model_screen(model_predictor(inputs, slos, space, workload), slos, budget=inputs.budget)
+    model = screens.model_screen(model_predictor(inputs, slos, space, workload), slos, budget=inputs.budget,
+                                 agreement_of=model_agreement(inputs, space))
     return screens.combined(roofline, model), model
+
+
+def model_agreement(inputs: TuneInputs, space: space_mod.SearchSpace):
+    """For `screens.model_screen`: a candidate's output agreement with the baseline in dsctl's model."""
+    return lambda candidate: agreement(engine_config_for(inputs, space, candidate))
 
 
 def agreement(config: EngineConfig) -> float:

@@ -646,9 +646,10 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
                                          output_tokens=plan.shortest_output, slos=plan.slos,
                                          npus_per_instance=plan.space.npus_per_instance or 1)
         if inputs.screen == "model" and plan.engine in tune_sim.ENGINES:
-            screen = screens.combined(screen, screens.model_screen(_predictor(inputs, plan), plan.slos,
-                                                                      budget=inputs.budget,
-                                                                      min_agreement=inputs.min_agreement))
+            predict, agreement_of = _predictor(inputs, plan)
+            screen = screens.combined(screen, screens.model_screen(predict, plan.slos, budget=inputs.budget,
+                                                                      min_agreement=inputs.min_agreement,
+                                                                      agreement_of=agreement_of))
     try:
         tune.baseline()
         driver = search.Search(
@@ -691,8 +692,9 @@ def _restored(tune: LiveTune) -> str:
     return f"NOT all restored ({_first_line(restored.errors)}); run dsctl deploy on the inventory"
 
 
-def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> screens.Predictor:
-    """The offline engine model of the service's instances, for the model screen (as --simulate builds it)."""
+def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predictor, Any]:
+    """The offline engine model of the service's instances, for the model screen (as --simulate builds it), and its
+    output agreement per candidate."""
     model_inputs = tune_sim.TuneInputs(
         model=plan.profile or plan.model, chip=inputs.chip, slos=inputs.slos, run_dir=inputs.run_dir,
         engine=plan.engine, space=plan.space.name, prompt_tokens=inputs.prompt_tokens,
@@ -701,7 +703,8 @@ def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> screens.Predictor:
         npus_per_instance=plan.space.npus_per_instance or 1, seed=inputs.seed)
     workload = tune_sim.Workload(tune_sim.LengthSpec.parse(inputs.prompt_tokens, "--prompt-tokens"),
                                  tune_sim.LengthSpec.parse(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
-    return tune_sim.model_predictor(model_inputs, plan.slos, plan.space, workload)
+    return (tune_sim.model_predictor(model_inputs, plan.slos, plan.space, workload),
+            tune_sim.model_agreement(model_inputs, plan.space))
 
 
 @dataclass
