@@ -377,10 +377,8 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
 
     def on_event(phase: str, record: TrialRecord) -> None:
         counts = {}
-        if phase == "told":  # the incumbent as the result will name it (a later trial wins only beyond the noise)
-            trials = driver.result().trials
-            counts = search.count(trials)
-            incumbent = search.best_trial(trials)
+        if phase == "told":
+            counts, incumbent = search.standing(driver.result().trials)
             best[:] = [incumbent] if incumbent is not None else []
         progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
                   "status": _status(record) if phase == "told" else "running", "objective": record.objective,

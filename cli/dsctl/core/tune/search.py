@@ -587,6 +587,12 @@ def _noise(record: TrialRecord) -> float:
     return float((record.capacity or {}).get("noise") or 0.0)
 
 
+def standing(records: Sequence[TrialRecord]) -> tuple[dict[str, int], TrialRecord | None]:
+    """A run so far, as its progress shows it after each trial: the counts and the incumbent the result will name
+    (`best_trial`: with noisy verdicts a later trial wins only beyond the noise, so not simply the top figure)."""
+    return count(records), best_trial(records)
+
+
 def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
     """The highest objective among feasible evaluated trials; with noisy verdicts a later trial replaces the
     incumbent only beyond the noise; without, ties go to the lower binding margin, then the earlier trial."""
