@@ -67,18 +67,22 @@ def test_model_screen_consultations_are_bounded_per_restart_of_the_budget():
     assert screen(_candidate(99)) is None
 
 
+def _lossy(number: int, agreement: float) -> Candidate:
+    return Candidate(number=number, config={"agreement": agreement}, params={}, fields={}, needs_quality=True)
+
+
+def _agreement_of(candidate: Candidate) -> float:
+    return candidate.config["agreement"]
+
+
 def test_a_lossy_candidate_the_model_predicts_below_the_quality_floor_is_not_started():
-    def predict(candidate: Candidate):  # every candidate meets the SLO; only its predicted agreement differs
-        return None, {"completed": 50, "ttft_ms": {"p99": 100.0}, screens.AGREEMENT: candidate.config["agreement"]}
-
-    def lossy(agreement: float) -> Candidate:
-        return Candidate(number=0, config={"agreement": agreement}, params={}, fields={}, needs_quality=True)
-
-    screen = screens.model_screen(predict, parse_slos(["ttft=200ms"]), min_agreement=0.9)
-    assert screen(lossy(0.92)) is None
-    reason = screen(lossy(0.88))
+    meets = _predictor({0: 100.0})  # every candidate meets the SLO; only its agreement differs
+    screen = screens.model_screen(meets, parse_slos(["ttft=200ms"]), min_agreement=0.9, agreement_of=_agreement_of)
+    assert screen(_lossy(0, 0.92)) is None
+    reason = screen(_lossy(0, 0.88))
     assert reason is not None and "agreement" in reason and "0.88" in reason and "0.9" in reason
-    assert screens.model_screen(predict, parse_slos(["ttft=200ms"]), min_agreement=0.85)(lossy(0.88)) is None
+    assert screens.model_screen(meets, parse_slos(["ttft=200ms"]), min_agreement=0.85,
+                                agreement_of=_agreement_of)(_lossy(0, 0.88)) is None
 
 
 def test_the_simulated_model_screen_predicts_agreement_from_the_sparsity_threshold():
@@ -102,13 +106,11 @@ def test_the_simulated_model_screen_predicts_agreement_from_the_sparsity_thresho
 
 
 def test_a_quality_verdict_is_never_overruled_and_leaves_the_run_of_rejections_alone():
-    def predict(candidate: Candidate):  # even numbers: lossy below the floor; odd ones: predicted to miss the SLO
-        if candidate.number % 2 == 0:
-            return None, {"completed": 50, "ttft_ms": {"p99": 100.0}, screens.AGREEMENT: 0.5}
-        return None, {"completed": 50, "ttft_ms": {"p99": 1000.0}}
-
-    screen = screens.ModelScreen(predict, parse_slos(["ttft=200ms"]), max_rejected_in_a_row=2)
-    verdicts = [screen(_candidate(n)) is None for n in range(12)]
+    # even numbers: lossy below the floor (and meeting the SLO); odd ones: lossless, predicted to miss the SLO
+    screen = screens.ModelScreen(_predictor({n: 100.0 for n in range(0, 12, 2)}), parse_slos(["ttft=200ms"]),
+                                 max_rejected_in_a_row=2, agreement_of=_agreement_of)
+    candidates = [_lossy(n, 0.5) if n % 2 == 0 else _candidate(n) for n in range(12)]
+    verdicts = [screen(c) is None for c in candidates]
     # the SLO misses (odd) are overruled every third one; the quality misses (even) never
     assert [v for n, v in enumerate(verdicts) if n % 2 == 0] == [False] * 6
     assert [v for n, v in enumerate(verdicts) if n % 2] == [False, False, True, False, False, True]
@@ -116,20 +118,18 @@ def test_a_quality_verdict_is_never_overruled_and_leaves_the_run_of_rejections_a
 
 def test_a_lossy_candidate_predicted_not_to_start_is_rejected_for_its_quality_and_never_overruled():
     def predict(candidate: Candidate):
-        return "RuntimeError: NPU out of memory.", {screens.AGREEMENT: 0.5}
+        return "RuntimeError: NPU out of memory.", None
 
-    screen = screens.ModelScreen(predict, parse_slos(["ttft=200ms"]), max_rejected_in_a_row=1)
-    reasons = [screen(_candidate(n)) for n in range(4)]
+    screen = screens.ModelScreen(predict, parse_slos(["ttft=200ms"]), max_rejected_in_a_row=1,
+                                 agreement_of=_agreement_of)
+    reasons = [screen(_lossy(n, 0.5)) for n in range(4)]
     assert all(reason is not None and "agreement" in reason for reason in reasons)
 
 
 def test_the_closed_form_agreement_rules_lossy_candidates_out_past_the_consultation_bound():
-    def lossy(number: int, agreement: float) -> Candidate:
-        return Candidate(number=number, config={"agreement": agreement}, params={}, fields={}, needs_quality=True)
-
     screen = screens.model_screen(_predictor({n: 100.0 for n in range(100)}), parse_slos(["ttft=200ms"]), budget=1,
-                                  agreement_of=lambda candidate: candidate.config["agreement"])
+                                  agreement_of=_agreement_of)
     for n in range(screen.max_consultations):  # spend the model's consultations on candidates it passes
-        assert screen(lossy(n, 1.0)) is None
-    assert screen(lossy(98, 0.5)) is not None and screen(lossy(99, 0.95)) is None
+        assert screen(_lossy(n, 1.0)) is None
+    assert screen(_lossy(98, 0.5)) is not None and screen(_lossy(99, 0.95)) is None
     assert screen.summary()["quality_rejected"] == 1 and screen.consulted == screen.max_consultations

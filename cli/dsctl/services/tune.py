@@ -32,6 +32,7 @@ Progress records: ``dsctl_note`` (``msg``), ``dsctl_tune_trial`` per trial start
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,16 +303,13 @@ def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_
 
     def predict(candidate: Candidate) -> tuple[str | None, dict | None]:
         config = engine_config_for(inputs, space, candidate)
-        quality_guard = {screens.AGREEMENT: agreement(config)} if candidate.needs_quality else {}
         try:
             engine_config.plan(config)
         except engine_config.StartupFailure as exc:
-            return exc.message, quality_guard or None
+            return exc.message, None
         e = evaluate.evaluate(config, workload, arrivals.ArrivalSpec(process="poisson", rate=rate), requests,
                               seed=inputs.seed + seed_offset, goodput_ms=bounds)
-        if not (e.ok and e.metrics):
-            return None, quality_guard or None
-        return None, {**e.metrics, **quality_guard}
+        return None, dict(e.metrics) if e.ok and e.metrics else None
 
     return predict
 
@@ -332,7 +330,7 @@ def build_screen(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod
     return screens.combined(roofline, model), model
 
 
-def model_agreement(inputs: TuneInputs, space: space_mod.SearchSpace):
+def model_agreement(inputs: TuneInputs, space: space_mod.SearchSpace) -> Callable[[Candidate], float]:
     """For `screens.model_screen`: a candidate's output agreement with the baseline in dsctl's model."""
     return lambda candidate: agreement(engine_config_for(inputs, space, candidate))
 

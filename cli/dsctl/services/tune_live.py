@@ -43,7 +43,7 @@ import posixpath
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -690,7 +690,7 @@ def _restored(tune: LiveTune) -> str:
     return f"NOT all restored ({_first_line(restored.errors)}); run dsctl deploy on the inventory"
 
 
-def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predictor, Any]:
+def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predictor, Callable[[Candidate], float]]:
     """The offline engine model of the service's instances, for the model screen (as --simulate builds it), and its
     output agreement per candidate."""
     model_inputs = tune_sim.TuneInputs(

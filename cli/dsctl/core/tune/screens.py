@@ -84,11 +84,8 @@ MODEL_TOLERANCE = 0.25
 MODEL_MAX_REJECTED_IN_A_ROW = 8
 MODEL_CONSULTATIONS_PER_RESTART = 8
 
-# (candidate) -> (start-up failure message or None, the modelled metrics at the lowest load the tune probes; for a
-# candidate that faces the quality guard, the model's output agreement with the baseline under `AGREEMENT`, also
-# beside a start-up failure: a dict holding only that)
+# (candidate) -> (start-up failure message or None, the modelled metrics at the lowest load the tune probes)
 Predictor = Callable[[Candidate], tuple[str | None, dict | None]]
-AGREEMENT = "agreement"
 
 
 class ModelScreen:
@@ -97,10 +94,11 @@ class ModelScreen:
     to the live health gate), or when, at the lowest load the tune would probe, its modelled value of an SLO exceeds
     the bound by more than ``tolerance`` (relative).  Unlike the roofline this is a prediction, not a bound: the
     tolerance is the model error it allows, and the screen is bounded (``max_rejected_in_a_row``,
-    ``max_consultations``).  A candidate that faces the quality guard is not started when the model's agreement
-    with the baseline is below ``min_agreement``: the guard would reject it after its restart (kv_sparse_threshold
-    0-0.9 against the 0.9 floor: half of all restarts of bench/tune.py's chat-fixed runs were such).
-    ``consulted``, ``rejected`` and ``overruled`` count what it did."""
+    ``max_consultations``).  A candidate that faces the quality guard is not started when its agreement with the
+    baseline (``agreement_of``: the model's, in closed form) is below ``min_agreement``: the guard would reject it
+    after its restart (kv_sparse_threshold 0-0.9 against the 0.9 floor: half of all restarts of bench/tune.py's
+    chat-fixed runs were such).  ``consulted``, ``rejected``, ``overruled`` and ``quality_rejected`` count what it
+    did."""
 
     def __init__(self, predict: Predictor, slos: Sequence[slo_mod.Slo], *, tolerance: float = MODEL_TOLERANCE,
                  startup: bool = True, max_rejected_in_a_row: int = MODEL_MAX_REJECTED_IN_A_ROW,
@@ -119,53 +117,48 @@ class ModelScreen:
 
     def reason(self, candidate: Candidate) -> str | None:
         """The model's verdict on ``candidate``, unbounded and uncounted."""
-        return self._verdict(candidate)[0]
+        return self._quality(candidate) or self._performance(candidate)
 
-    def _verdict(self, candidate: Candidate) -> tuple[str | None, bool]:
-        """(why not to start ``candidate`` or None, whether that is a quality verdict)."""
+    def _quality(self, candidate: Candidate) -> str | None:
+        if self.agreement_of is None or not candidate.needs_quality:
+            return None
+        agreement = self.agreement_of(candidate)
+        if agreement >= self.min_agreement:
+            return None
+        return (f"model: output agreement with the baseline predicted {agreement:.3g}, below the quality floor "
+                f"{self.min_agreement:g}")
+
+    def _performance(self, candidate: Candidate) -> str | None:
         failure, metrics = self.predict(candidate)
-        # quality first: it follows from the configuration alone, and a verdict that is never overruled must not
-        # hide behind one that may be (a lossy candidate predicted not to start was overruled into a guard failure)
-        agreement = (metrics or {}).get(AGREEMENT)
-        if agreement is not None and agreement < self.min_agreement:
-            return (f"model: output agreement with the baseline predicted {agreement:.3g}, below the quality "
-                    f"floor {self.min_agreement:g}"), True
         if failure is not None:
-            return (f"model: the engine would not start: {failure.splitlines()[0]}" if self.startup else None), False
+            return f"model: the engine would not start: {failure.splitlines()[0]}" if self.startup else None
         if metrics is None:
-            return None, False
+            return None
         verdict = slo_mod.judge(self.slos, metrics)
         worst = max(verdict.checks, key=lambda check: check.margin)
         if worst.margin > self.tolerance:
             return (f"model: {worst.slo.key} predicted {worst.value:.4g} at the lowest load, over {worst.slo.label} "
-                    f"by more than {self.tolerance:.0%}"), False
-        return None, False
+                    f"by more than {self.tolerance:.0%}")
+        return None
 
     def __call__(self, candidate: Candidate) -> str | None:
-        if self.agreement_of is not None and candidate.needs_quality:
-            # The agreement follows from the configuration in closed form (no run of the model), so it is not a
-            # consultation and outlasts their bound: bounded by it, TPE's proposals (nine in ten beyond the floor,
-            # the sampler never sees a screened candidate) spent all 200 of a 25-restart run and let 10 restarts
-            # fail the guard (bench/tune.py chat-fixed).  Never overruled (below).
-            agreement = self.agreement_of(candidate)
-            if agreement < self.min_agreement:
-                self.quality_rejected += 1
-                return (f"model: output agreement with the baseline predicted {agreement:.3g}, below the quality "
-                        f"floor {self.min_agreement:g}")
+        # Quality first, never overruled, outside the consultations and the run of rejections.  The agreement follows
+        # from the configuration in closed form (no run of the model), and it cannot rule out everything (the
+        # unsparsified side of the space always passes), while the overrule is there because a performance model
+        # can be wrong over a whole region the sampler keeps proposing.  Bounded and overrulable, quality verdicts
+        # spent all 200 consultations of a 25-restart run on TPE's proposals (nine in ten beyond the floor: the
+        # sampler never sees a screened candidate) and let 8-10 restarts fail the guard (bench/tune.py chat-fixed).
+        reason = self._quality(candidate)
+        if reason is not None:
+            self.quality_rejected += 1
+            return reason
         if self.max_consultations is not None and self.consulted >= self.max_consultations:
             return None  # spent: from here on the measurement decides
         self.consulted += 1
-        reason, quality_verdict = self._verdict(candidate)
+        reason = self._performance(candidate)
         if reason is None:
             self._in_a_row = 0
             return None
-        if quality_verdict:
-            # Never overruled, and outside the run of rejections: the overrule is there because a performance model
-            # can be wrong over a whole region the sampler keeps proposing, and the agreement model cannot rule out
-            # everything (the unsparsified side of the space always passes).  Overruled, quality verdicts let 8-10
-            # of 25 restarts fail the guard (bench/tune.py chat-fixed: kv_sparse_threshold drawn from 0-0.9).
-            self.rejected += 1
-            return reason
         if self._in_a_row >= self.max_rejected_in_a_row:
             self._in_a_row = 0
             self.overruled += 1
