@@ -6,7 +6,8 @@ Every method samples the landscape's whole default space (not a pinned grid); a 
 table is evaluated on demand, so the optimum is the best known over the table and every search.  Methods:
 
 * dsctl: `search.Search` with TPE, the roofline screen and the model screen, as `dsctl tune --simulate` runs it
-  (the model screen bounded: screens.ModelScreen);
+  (the model screen bounded: screens.ModelScreen), over the space its quality model narrows (lossy knobs kept to
+  the values whose predicted agreement passes the floor: screens.quality_narrowed);
 * random: the same driver, seeded uniform sampling, no screens;
 * random+screen: seeded uniform sampling with dsctl's screens (the screens' own worth);
 * tpe: TPE without screens (the sampler's own worth);
@@ -77,7 +78,10 @@ def dsctl_screen(truth: Truth, budget: int) -> tuple[Any, screens.ModelScreen | 
 def run_search(truth: Truth, method: str, seed: int, restarts: int) -> Run:
     strategy = "random" if method.startswith("random") else "tpe"
     screen, model = (dsctl_screen(truth, restarts) if method in ("dsctl", "random+screen") else (None, None))
-    result = Search(truth.space, truth.slos, truth_evaluator(truth),
+    # dsctl searches the space its quality model narrows (tune.quality_narrowed, as `dsctl tune` does); random+screen
+    # samples the whole space and the same screen judges each candidate.
+    space = tune.quality_narrowed(truth.inputs, truth.space)[0] if method == "dsctl" else truth.space
+    result = Search(space, truth.slos, truth_evaluator(truth),
                     SearchSettings(budget=restarts, seed=seed, strategy=strategy, objective=truth.inputs.objective,
                                    npus_per_instance=truth.inputs.npus_per_instance), screen=screen).run()
     evaluated = [t for t in result.trials if t.evaluated and t.duplicate_of is None]

@@ -48,7 +48,7 @@ def test_a_model_screen_that_rejects_everything_lets_a_candidate_through_after_a
     verdicts = [screen(_candidate(n)) for n in range(8)]
     assert [v is None for v in verdicts] == [False, False, False, True, False, False, False, True]
     assert screen.summary() == {"consulted": 8, "rejected": 6, "overruled": 2, "max_consultations": None,
-                                "quality_rejected": 0}
+                                "quality_rejected": 0, "memory_rejected": 0}
 
 
 def test_a_candidate_the_model_passes_resets_the_run_of_rejections():
@@ -133,3 +133,63 @@ def test_the_closed_form_agreement_rules_lossy_candidates_out_past_the_consultat
         assert screen(_lossy(n, 1.0)) is None
     assert screen(_lossy(98, 0.5)) is not None and screen(_lossy(99, 0.95)) is None
     assert screen.summary()["quality_rejected"] == 1 and screen.consulted == screen.max_consultations
+
+
+def test_a_memory_verdict_is_ruled_never_overruled_and_no_consultation():
+    from dsctl.core.tune.search import CRASH_VIOLATION, Ruled
+
+    def memory(candidate: Candidate):
+        if candidate.number % 2:
+            return screens.UnderLoad("RuntimeError: NPU out of memory. Tried to allocate 9 GiB", "4 prompts at once")
+        return "ValueError: No available memory for the cache blocks."
+
+    screen = screens.model_screen(_predictor({}), parse_slos(["ttft=200ms"]), budget=1, memory_check=memory)
+    reasons = [screen(_candidate(n)) for n in range(3 * screens.MODEL_CONSULTATIONS_PER_RESTART)]
+    assert all(isinstance(r, Ruled) and r.violation == CRASH_VIOLATION for r in reasons)  # none let through
+    assert "under load (4 prompts at once)" in reasons[1] and "would not start" in reasons[0]
+    assert screen.consulted == 0 and screen.overruled == 0 and screen.memory_rejected == len(reasons)
+
+
+def test_the_memory_check_sees_a_step_at_full_concurrency_that_the_lowest_load_never_reaches():
+    """bench/tune.py long-fixed: 32K-64K prompts; two sequences per stream start (the KV cache fits) but die when
+    both prefill at once; one per stream holds."""
+    from pathlib import Path
+
+    from dsctl.services import tune
+
+    inputs = tune.TuneInputs(model="deepseek-r1-distill-qwen-7b", chip="910B3", slos=("tpot:p90=120ms",),
+                             run_dir=Path("."), engine="lab-engine", prompt_tokens="uniform:32768:65024",
+                             output_tokens="uniform:128:512", max_model_len=65536, npus_per_instance=1, budget=4)
+    slos, space, workload = tune.resolve(inputs)
+    check = tune.model_memory(inputs, space, workload)
+
+    def candidate(batch: int, streams: int) -> Candidate:
+        config = {"batch_size": batch, "stream_num": streams, "kv_sparse_threshold": 0.0}
+        return Candidate(0, config, space.params(config), space.fields(config), False)
+
+    assert check(candidate(1, 2)) is None
+    under_load = check(candidate(2, 2))
+    assert isinstance(under_load, screens.UnderLoad) and "aclrtMalloc failed" in under_load.message
+    assert under_load.burst == "4 prompts of 65024 tokens at once"  # batch 2 x 2 streams, the longest prompt
+    assert isinstance(check(candidate(32, 8)), str)  # the KV cache of 8 x 32 x 64K tokens does not fit at start
+
+
+def test_the_quality_floor_narrows_a_lossy_knob_to_the_values_it_lets_through():
+    from dsctl.core.tune.space import resolve_space
+
+    space = resolve_space("fixed-batch")
+    kv = space.knob("kv_sparse_threshold")
+
+    def agreement_of(candidate: Candidate) -> float:  # 1.0 at 0, falling 0.5 per unit of threshold
+        return 1.0 - 0.5 * candidate.config["kv_sparse_threshold"]
+
+    narrowed, notes = screens.quality_narrowed(space, agreement_of, 0.9)
+    knob = narrowed.knob("kv_sparse_threshold")
+    assert (knob.low, knob.high, knob.step) == (kv.low, 0.2, kv.step)  # 1 - 0.5 x 0.2 = 0.9 passes, 0.25 not
+    assert [k.name for k in narrowed.knobs] == [k.name for k in space.knobs]
+    assert narrowed.knob("batch_size") == space.knob("batch_size")
+    assert len(notes) == 1 and "kv_sparse_threshold" in notes[0] and "0:0.2" in notes[0]
+    # a floor every value passes, or a baseline the model itself puts below the floor, leaves the knob alone
+    assert screens.quality_narrowed(space, agreement_of, 0.5)[0].knob("kv_sparse_threshold") == kv
+    kept, _ = screens.quality_narrowed(space, agreement_of, 0.9, baseline={"kv_sparse_threshold": 0.5})
+    assert kept.knob("kv_sparse_threshold") == kv

@@ -409,3 +409,32 @@ def test_kill_with_several_trials_running_then_resume(tmp_path: Path):
     assert result.counts["evaluated"] == 12
     assert len(set(deployments(result))) == 12
     assert not [t for t in result.trials if t.number in {s.number for s in left_running}]  # failed, not recorded
+
+
+def test_a_ruled_screen_reason_is_told_to_the_sampler_and_a_prediction_is_not():
+    """A `Ruled` reason (the engine's memory arithmetic) is a complete infeasible trial for TPE, at a crash's
+    constraint value; a plain reason (a prediction) stays hidden (FAIL).  Told, TPE leaves the ruled region: it
+    asks fewer candidates to spend the same budget."""
+    import optuna
+
+    from dsctl.core.tune.search import CRASH_VIOLATION, Ruled
+
+    def asks(ruled: bool) -> tuple[int, list]:
+        def screen(candidate):
+            if candidate.params["max_num_seqs"] > 32:
+                text = "model: the engine would not start: out of memory"
+                return Ruled(text, CRASH_VIOLATION) if ruled else text
+            return None
+
+        search = run_study(seed=3, budget=20, screen=screen)
+        search.run()
+        screened = [t for t in search.study.get_trials(deepcopy=False)
+                    if (t.user_attrs.get("dsctl") or {}).get("failure") == Failure.SCREENED]
+        return search.asks, screened
+
+    told_asks, told = asks(True)
+    hidden_asks, hidden = asks(False)
+    assert told and all(t.state == optuna.trial.TrialState.COMPLETE for t in told)
+    assert all(t.user_attrs["dsctl"]["constraints"]["failure"] == CRASH_VIOLATION for t in told)
+    assert hidden and all(t.state == optuna.trial.TrialState.FAIL for t in hidden)
+    assert told_asks < hidden_asks, (told_asks, hidden_asks)

@@ -32,7 +32,7 @@ Progress records: ``dsctl_note`` (``msg``), ``dsctl_tune_trial`` per trial start
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from dsctl.core.load import arrivals
 from dsctl.core.load.workload import LengthSpec, Workload
 from dsctl.core.perf import engine_config, evaluate
 from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
-from dsctl.core.tune import capacity, pareto, rate_search, screens, search, slo
+from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import Candidate, Failure, Outcome
@@ -158,6 +158,15 @@ def _length(text: str, option: str) -> LengthSpec:
 def _shortest(spec: LengthSpec) -> int:
     """The fewest tokens a request of ``spec`` has: the impossibility screen must hold for every request."""
     return int(spec.a) if spec.kind in ("fixed", "uniform") else 1
+
+
+def _longest(spec: LengthSpec) -> int:
+    """The most tokens a request of ``spec`` has (a normal spec: three standard deviations above its mean)."""
+    if spec.kind == "uniform":
+        return int(spec.b)
+    if spec.kind == "normal":
+        return int(spec.a + 3 * spec.b)
+    return int(spec.a)
 
 
 def _check(inputs: TuneInputs) -> None:
@@ -288,6 +297,8 @@ def rate_ceiling(inputs: TuneInputs, workload: Workload) -> float:
 
 SCREENS = ("model", "roofline", "none")
 MODEL_REQUESTS = 50  # requests of one model prediction (virtual time: well under a second)
+MODEL_BURST_REQUESTS = 64  # the most requests of the memory check's step at full concurrency (screens.UnderLoad)
+BURST_RATE = 1e6  # req/s: "at once"
 
 
 def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace,
@@ -326,8 +337,50 @@ def build_screen(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod
     if inputs.screen != "model":
         return roofline, None
     model = screens.model_screen(model_predictor(inputs, slos, space, workload), slos, budget=inputs.budget,
-                                 agreement_of=model_agreement(inputs, space))
+                                 agreement_of=model_agreement(inputs, space),
+                                 memory_check=model_memory(inputs, space, workload))
     return screens.combined(roofline, model), model
+
+
+def model_memory(inputs: TuneInputs, space: space_mod.SearchSpace, workload: Workload, *, seed_offset: int = 1
+                 ) -> Callable[[Candidate], str | screens.UnderLoad | None]:
+    """For `screens.model_screen`: the engine's memory arithmetic on a candidate, with dsctl's profile: its start-up
+    (engine_config.plan: weights, KV cache, the argument checks; the refusal message) and one step at full
+    concurrency (an `screens.UnderLoad`); None when both hold."""
+    inputs = dataclasses.replace(inputs, hardware=None)
+    longest = _longest(workload.prompt_len)
+    if inputs.max_model_len is not None:
+        longest = min(longest, inputs.max_model_len - 1)
+    burst = Workload(LengthSpec("fixed", float(longest)), LengthSpec("fixed", 1.0), seed=inputs.seed + seed_offset)
+
+    def check(candidate: Candidate) -> str | screens.UnderLoad | None:
+        config = engine_config_for(inputs, space, candidate)
+        try:
+            plan = engine_config.plan(config)
+        except engine_config.StartupFailure as exc:
+            return exc.message
+        # Full concurrency: as many of the workload's longest prompts as the engine admits at once (bounded),
+        # arriving together, one output token each (the KV cache is reserved at start; a step's activations are what
+        # a burst adds).  A 100 s probe near capacity meets it: with prompts drawn from the workload instead, the
+        # check let batch 2 x 2 streams of 32K-64K prompts through, which then died in the rate search.
+        at_once = max(1, min(plan.config.max_num_seqs, MODEL_BURST_REQUESTS))
+        peak = evaluate.evaluate(config, burst, arrivals.ArrivalSpec(process="constant", rate=BURST_RATE), at_once,
+                                 seed=inputs.seed + seed_offset)
+        if peak.status == evaluate.FAILED_UNDER_LOAD and not peak.message.startswith("HTTP 400"):
+            return screens.UnderLoad(peak.message, f"{at_once} prompts of {longest} tokens at once")
+        return None
+
+    return check
+
+
+def quality_narrowed(inputs: TuneInputs, space: space_mod.SearchSpace, *, min_agreement: float | None = None,
+                     baseline: Mapping[str, Any] | None = None) -> tuple[space_mod.SearchSpace, tuple[str, ...]]:
+    """``space`` with its lossy knobs narrowed to what the model screen's quality verdict lets through
+    (`screens.quality_narrowed`), and the notes to show; unchanged unless the model screen runs."""
+    if inputs.screen != "model" or not space.lossy:
+        return space, ()
+    floor = quality.DEFAULT_MIN_AGREEMENT if min_agreement is None else min_agreement
+    return screens.quality_narrowed(space, model_agreement(inputs, space), floor, baseline=baseline)
 
 
 def model_agreement(inputs: TuneInputs, space: space_mod.SearchSpace) -> Callable[[Candidate], float]:
@@ -363,6 +416,7 @@ def prepare(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSp
 
 def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResult:
     slos, space, workload = prepare(inputs)
+    space, narrowed = quality_narrowed(inputs, space)
     run_dir = inputs.run_dir
     journal = run_dir / JOURNAL
     if inputs.resume and not journal.is_file():
@@ -371,6 +425,8 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
     progress({"event": "dsctl_note", "msg": f"tuning {space.name} ({', '.join(space.names)}) for "
                                             f"{', '.join(s.label for s in slos)}: {inputs.model} on {inputs.chip}, "
                                             f"simulated; budget {inputs.budget}; run directory {run_dir}"})
+    for note in narrowed:
+        progress({"event": "dsctl_note", "msg": note})
     best: list[TrialRecord] = []
 
     def on_event(phase: str, record: TrialRecord) -> None:

@@ -638,20 +638,25 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
         if phase == "told" and slot is not None:
             tune._stage(slot, None, f"trial {record.number}: {_status(record)}")
 
-    screen = None
+    screen, space = None, plan.space
     if plan.profile is not None and inputs.screen != "none":
         screen = screens.roofline_screen(chip=inputs.chip, model=plan.profile, prompt_tokens=plan.shortest_prompt,
                                          output_tokens=plan.shortest_output, slos=plan.slos,
                                          npus_per_instance=plan.space.npus_per_instance or 1)
         if inputs.screen == "model" and plan.engine in tune_sim.ENGINES:
-            predict, agreement_of = _predictor(inputs, plan)
+            predict, agreement_of, memory_check = _predictor(inputs, plan)
+            space, narrowed = screens.quality_narrowed(plan.space, agreement_of, inputs.min_agreement,
+                                                       baseline=plan.baseline)
+            for note in narrowed:
+                tune._note(note)
             screen = screens.combined(screen, screens.model_screen(predict, plan.slos, budget=inputs.budget,
                                                                       min_agreement=inputs.min_agreement,
-                                                                      agreement_of=agreement_of))
+                                                                      agreement_of=agreement_of,
+                                                                      memory_check=memory_check))
     try:
         tune.baseline()
         driver = search.Search(
-            plan.space, plan.slos, tune.evaluate,
+            space, plan.slos, tune.evaluate,
             search.SearchSettings(budget=inputs.budget, slots=len(plan.slots), seed=inputs.seed,
                                   objective=inputs.objective, min_agreement=inputs.min_agreement,
                                   npus_per_instance=plan.space.npus_per_instance or 1, max_wall_s=inputs.max_time_s),
@@ -690,9 +695,10 @@ def _restored(tune: LiveTune) -> str:
     return f"NOT all restored ({_first_line(restored.errors)}); run dsctl deploy on the inventory"
 
 
-def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predictor, Callable[[Candidate], float]]:
-    """The offline engine model of the service's instances, for the model screen (as --simulate builds it), and its
-    output agreement per candidate."""
+def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predictor, Callable[[Candidate], float],
+                                                                Callable[[Candidate], Any]]:
+    """The offline engine model of the service's instances, for the model screen (as --simulate builds it), its
+    output agreement per candidate and its memory check."""
     model_inputs = tune_sim.TuneInputs(
         model=plan.profile or plan.model, chip=inputs.chip, slos=inputs.slos, run_dir=inputs.run_dir,
         engine=plan.engine, space=plan.space.name, prompt_tokens=inputs.prompt_tokens,
@@ -702,7 +708,8 @@ def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predicto
     workload = tune_sim.Workload(tune_sim.LengthSpec.parse(inputs.prompt_tokens, "--prompt-tokens"),
                                  tune_sim.LengthSpec.parse(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
     return (tune_sim.model_predictor(model_inputs, plan.slos, plan.space, workload),
-            tune_sim.model_agreement(model_inputs, plan.space))
+            tune_sim.model_agreement(model_inputs, plan.space),
+            tune_sim.model_memory(model_inputs, plan.space, workload))
 
 
 @dataclass

@@ -144,8 +144,22 @@ class Outcome:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
+class Ruled(str):
+    """A screen's reason that is arithmetic, not a prediction (the engine's memory check: weights, KV cache, a
+    step's activations against HBM): the sampler is told it as an infeasible trial with constraint value
+    ``violation``, as the restart would have ended, so it learns the region.  A plain reason is a prediction and is
+    kept from the sampler (see `Search._tell`)."""
+
+    violation: float
+
+    def __new__(cls, text: str, violation: float = 0.0) -> Ruled:
+        ruled = super().__new__(cls, text)
+        ruled.violation = violation
+        return ruled
+
+
 Evaluator = Callable[[Candidate], Any]  # returns an Outcome, or an awaitable of one
-Screen = Callable[[Candidate], str | None]
+Screen = Callable[[Candidate], str | None]  # a reason (str, or `Ruled`) or None
 
 
 @dataclass(frozen=True)
@@ -446,12 +460,15 @@ class Search:
             value = metrics.get("request_throughput")
         return float(value or 0.0)
 
-    def _tell(self, trial: optuna.trial.Trial, record: TrialRecord) -> None:
+    def _tell(self, trial: optuna.trial.Trial, record: TrialRecord, *, ruled: bool = False) -> None:
         trial.set_user_attr(_ATTR, record.to_dict())
-        if not record.evaluated and record.failure in (Failure.SCREENED, Failure.INVALID):
+        if not ruled and not record.evaluated and record.failure in (Failure.SCREENED, Failure.INVALID):
             # Kept as a record, hidden from the sampler (Optuna's TPE skips FAIL trials): told as complete
-            # infeasible trials they formed the "least bad" group whenever no evaluated trial had finished yet
-            # (several slots running), and TPE then kept proposing more of them.
+            # infeasible trials (at MAX_SLO_VIOLATION, below a crash's) predictions formed the "least bad" group
+            # whenever no evaluated trial had finished yet (several slots running), and TPE then kept proposing
+            # more of them.  A `Ruled` reason is told, at the violation of the crash it predicts: hidden, TPE asked
+            # for 198 configurations the memory check ruled out in one 25-restart run (bench/tune.py long-fixed),
+            # spent the screen's consultations and then restarted into the same out-of-memory region.
             self.study.tell(trial, state=TrialState.FAIL)
         else:
             if _HAS_SET_CONSTRAINT:
@@ -560,7 +577,11 @@ class Search:
             return True
         reason = self.screen(candidate) if self.screen is not None else None
         if reason:
-            self._tell(trial, self._record(candidate, evaluated=False, failure=Failure.SCREENED, detail=reason))
+            record = self._record(candidate, evaluated=False, failure=Failure.SCREENED, detail=str(reason))
+            ruled = isinstance(reason, Ruled)
+            if ruled:
+                record.constraints["failure"] = reason.violation
+            self._tell(trial, record, ruled=ruled)
             return True
         return False
 
