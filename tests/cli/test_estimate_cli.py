@@ -80,3 +80,43 @@ def test_estimate_help():
     result = run_cli("estimate", "--help")
     assert result.returncode == 0
     assert "Usage: dsctl estimate" in result.stdout and "--prompt-tokens" in result.stdout
+
+
+def test_two_hosts_print_the_cross_host_term():
+    result = run_cli("estimate", "--chip", "910B3", "--model", "deepseek-v3", "--chips", "16", "--nodes", "2",
+                     "--expert-parallel", "--weights", "int8", "--prompt-tokens", "1024", "--concurrency", "32")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    all_to_all = [line for line in lines if line.startswith("cross-host all-to-all: ")]
+    assert len(all_to_all) == 1, result.stdout
+    assert " ms per decode step (" in all_to_all[0] and "% of the " in all_to_all[0]
+    assert any(line.startswith("cross-host total: ") and "single-request prefill" in line for line in lines)
+    assert not any(line.startswith("cross-host all-reduce") for line in lines)  # TP 8 stays inside each host
+    assert "16 x 910B3 (2 hosts x 8)" in result.stdout and "TP 8 x DP 2, experts over 16" in result.stdout
+    one_host = run_cli("estimate", "--chip", "910B3", "--model", "deepseek-v3", "--chips", "16",
+                       "--expert-parallel", "--weights", "int8", "--prompt-tokens", "1024", "--concurrency", "32")
+    assert one_host.returncode == 0 and "cross-host" not in one_host.stdout
+    assert "note: one host with 16 910B3 is hypothetical (a host holds 8); --nodes 2" in one_host.stdout
+
+
+def test_json_carries_the_cross_host_term():
+    result = run_cli("estimate", "--chip", "910B3", "--model", "v3", "--chips", "16", "--nodes", "2",
+                     "--expert-parallel", "--weights", "int8", "--prompt-tokens", "1024", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)["data"]
+    assert (data["nodes"], data["expert_parallel"], data["tensor_parallel"]) == (2, True, 8)
+    assert data["cross_host_decode_s"] > 0 and data["cross_host_all_reduce_decode_s"] == 0
+
+
+def test_bad_nodes_and_expert_parallel_for_a_dense_model_are_one_line_usage_errors():
+    bad_nodes = run_cli("estimate", "--chip", "910B3", "--model", "v3", "--chips", "16", "--nodes", "3",
+                        "--prompt-tokens", "10")
+    assert bad_nodes.returncode == 2 and bad_nodes.stdout == ""
+    assert bad_nodes.stderr.splitlines() == [
+        "dsctl: error: --nodes 3: 16 chips do not split evenly over 3 hosts (chips per node = chips / nodes must be "
+        "whole); use a --nodes that divides --chips 16"]
+    dense = run_cli("estimate", "--chip", "910B3", "--model", "r1-7b", "--chips", "8", "--expert-parallel",
+                    "--prompt-tokens", "10")
+    assert dense.returncode == 2 and dense.stdout == ""
+    assert len(dense.stderr.splitlines()) == 1
+    assert dense.stderr.startswith("dsctl: error: --expert-parallel: deepseek-r1-distill-qwen-7b is a dense model")

@@ -299,3 +299,21 @@ def test_a_step_beyond_the_allocator_limit_raises_out_of_memory():
     s.add(Request("long", 4000, 2))
     with pytest.raises(OutOfMemory, match="aclrtMalloc failed"):
         s.step()
+
+
+def test_an_instance_over_two_hosts_gets_the_cross_host_cost_and_one_host_nothing():
+    # DeepSeek-V3 W8A8 with expert parallel over 16 NPUs: the scheduler's steps are perfmodel.step_seconds, so the
+    # RoCE all-to-all shows in every token's latency when the chips span two hosts, and one host changes nothing.
+    chip, v3 = pm.chip_by_name("910B3"), pm.model_by_name("deepseek-v3")
+    base = pm.Deployment(chip, v3, chips=16, weight_bytes=1.0)
+    one_host = pm.Deployment(chip, v3, chips=16, weight_bytes=1.0, nodes=1, expert_parallel=True)
+    two_hosts = pm.Deployment(chip, v3, chips=16, weight_bytes=1.0, nodes=2, expert_parallel=True)
+    capacity = pm.check_fits(base, 8192)
+
+    def run(d: pm.Deployment) -> list[Request]:
+        return simulate(scheduler(d, capacity), poisson(4, 12, prompt=512, output=32))
+
+    same, base_run, spread = run(one_host), run(base), run(two_hosts)
+    assert [(r.first_token_at, r.finished_at) for r in same] == [(r.first_token_at, r.finished_at) for r in base_run]
+    assert statistics.mean(itls(spread)) > statistics.mean(itls(base_run))
+    assert statistics.mean(ttfts(spread)) > statistics.mean(ttfts(base_run))

@@ -145,6 +145,82 @@ def test_to_dict_is_plain_data():
     assert data["verdicts"][1]["line"].startswith("ttft=200ms: infeasible")
 
 
+# --------------------------------------------------------------------------- hosts: --nodes, --expert-parallel
+
+
+def _same_numbers(a, b):
+    fields = ("ttft_s", "ttft_mean_s", "ttft_worst_s", "tpot_s", "e2el_s", "decode_step_s", "output_tokens_per_s",
+              "kv_capacity_tokens", "min_chips_for_memory")
+    return all(getattr(a, name) == getattr(b, name) for name in fields) and \
+        [v.line for v in a.verdicts] == [v.line for v in b.verdicts]
+
+
+def test_estimate_on_one_node_is_unchanged():
+    kwargs = dict(prompt_tokens=2000, output_tokens=256, chips=16, weight_bytes=1.0, concurrency=8,
+                  slo=parse_slo("ttft=2000,tpot=100,e2el=30000"))
+    before = estimate(B3, V3, **kwargs)
+    for expert_parallel in (False, True):
+        after = estimate(B3, V3, nodes=1, expert_parallel=expert_parallel, **kwargs)
+        assert _same_numbers(before, after)
+        assert after.cross_host_decode_s == after.cross_host_prefill_s == 0.0 and after.nodes == 1
+    dense = estimate(B3, QWEN7B, prompt_tokens=1000, output_tokens=128, chips=8, nodes=1)
+    assert dense.cross_host_decode_s == 0.0 and dense.tensor_parallel == 8 and not dense.expert_parallel
+
+
+def test_sixteen_chips_over_two_hosts_are_not_one_host_of_sixteen():
+    kwargs = dict(prompt_tokens=1024, output_tokens=256, chips=16, weight_bytes=1.0, concurrency=32,
+                  expert_parallel=True)
+    one, two = estimate(B3, V3, **kwargs), estimate(B3, V3, nodes=2, **kwargs)
+    assert (two.nodes, two.chips_per_node, two.tensor_parallel, two.npus_per_host) == (2, 8, 8, 8)
+    assert two.fits and two.running_batch == 32
+    assert two.cross_host_all_to_all_decode_s == two.cross_host_decode_s > 0
+    assert two.cross_host_all_reduce_decode_s == 0.0  # TP 8 inside each host
+    assert two.decode_step_s == pytest.approx(one.decode_step_s + two.cross_host_decode_s)
+    assert two.ttft_s == pytest.approx(one.ttft_s + two.cross_host_prefill_s)
+    assert two.tpot_s > one.tpot_s and two.output_tokens_per_s < one.output_tokens_per_s
+    assert 0.05 < two.cross_host_share < 0.5
+    # twice the chips of one host (8, which V3 W8A8 does not fit) is not twice the throughput
+    eight = estimate(B3, V3, prompt_tokens=1024, output_tokens=256, chips=8, weight_bytes=1.0, concurrency=32,
+                     expert_parallel=True)
+    assert two.output_tokens_per_s < 2 * eight.output_tokens_per_s
+    data = two.to_dict()
+    assert data["nodes"] == 2 and data["cross_host_decode_s"] == pytest.approx(two.cross_host_decode_s)
+    assert "over 2 hosts" in verdict(two, "memory").reason
+
+
+def test_a_tp_group_over_two_hosts_pays_all_reduces():
+    result = estimate(B3, V3, prompt_tokens=1024, output_tokens=256, chips=16, weight_bytes=1.0, nodes=2)
+    assert result.tensor_parallel == 16 and not result.expert_parallel
+    assert result.cross_host_all_reduce_decode_s > 0 and result.cross_host_all_to_all_decode_s == 0.0
+
+
+def test_bad_nodes_and_expert_parallel_are_refused_in_one_line():
+    with pytest.raises(UsageError, match=r"^--nodes 3: 16 chips do not split evenly over 3 hosts") as caught:
+        estimate(B3, V3, prompt_tokens=10, output_tokens=1, chips=16, nodes=3)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(UsageError, match=r"^--nodes 32: 16 chips"):
+        estimate(B3, V3, prompt_tokens=10, output_tokens=1, chips=16, nodes=32)
+    with pytest.raises(UsageError, match="nodes must be at least 1"):
+        estimate(B3, V3, prompt_tokens=10, output_tokens=1, chips=16, nodes=0)
+    with pytest.raises(UsageError, match=r"^--expert-parallel: deepseek-r1-distill-qwen-7b is a dense model"):
+        estimate(B3, QWEN7B, prompt_tokens=10, output_tokens=1, chips=8, expert_parallel=True)
+    with pytest.raises(UsageError, match=r"^--expert-parallel: deepseek-v3's 256 routed experts do not divide over 24"):
+        estimate(B3, V3, prompt_tokens=10, output_tokens=1, chips=24, nodes=3, expert_parallel=True)
+
+
+def test_a_target_only_the_cross_host_traffic_misses_says_fewer_hosts():
+    kwargs = dict(prompt_tokens=1024, output_tokens=256, chips=16, weight_bytes=1.0, expert_parallel=True,
+                  slo=parse_slo("tpot=14ms,ttft=50ms"))
+    one, two = estimate(B3, V3, **kwargs), estimate(B3, V3, nodes=2, **kwargs)
+    assert one.feasible and not two.feasible
+    assert two.one_host_s["tpot"] == pytest.approx(one.tpot_s) and two.one_host_s["ttft_worst"] == one.ttft_worst_s
+    tpot, ttft = verdict(two, "tpot"), verdict(two, "ttft")
+    assert "needs fewer hosts (3.5 ms of it is traffic between the 2 hosts; the same chips in one host would take " \
+           "11.1 ms)" in tpot.reason
+    assert "or fewer hosts (20.5 ms of it is traffic between the 2 hosts" in ttft.reason
+    assert one.one_host_s == {}
+
+
 # --------------------------------------------------------------------------- parse_slo
 
 

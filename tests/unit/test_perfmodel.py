@@ -303,3 +303,94 @@ def test_the_allocator_reads_pytorch_npu_alloc_conf():
     d = pm.Deployment(pm.chip_by_name("910B3"), pm.model_by_name("deepseek-r1-distill-qwen-7b"),
                       memory_utilization=0.98)
     assert pm.activation_limit_bytes(d, 1e9, 1.0) == pytest.approx(1e9 + 64e9 * 0.02)
+
+
+# --------------------------------------------------------------------------- hosts: the cross-host term (issue 22)
+
+
+def test_interconnect_and_moe_layers_are_in_the_profiles():
+    # Atlas 800T A2: 8 NPUs; HCCS 392 GB/s per chip bidirectional (196 each way); one 200GE RoCE port per NPU
+    assert (B3.npus_per_host, B3.intra_host_gbs, B3.inter_host_gbs) == (8, 196, 25)
+    assert B3.intra_host_gbs > 7 * B3.inter_host_gbs  # what leaves the host is the slow part
+    # DeepSeek-V3 config.json: 61 layers, first_k_dense_replace 3, hidden 7168, 256 routed experts, top-8, 1 shared
+    assert (V3.layers, V3.moe_layer_count, V3.hidden_size, V3.experts, V3.experts_per_token, V3.shared_experts) == (
+        61, 58, 7168, 256, 8, 1)
+    assert V3.kv_heads == 1  # MLA: one latent per token and layer
+    assert V2_LITE.moe_layer_count == 26 and QWEN7B.moe_layer_count == 0
+    assert DEFAULT_EFFICIENCY.inter_host_latency_us == 30
+
+
+# The pre-issue-22 model's numbers (git show b61fd79:cli/dsctl/core/perf/perfmodel.py): one host must not move them.
+V3_W8A8_16_DECODE_32_S = 0.03386564813094061
+V3_W8A8_16_PREFILL_1024_S = 0.044047916666666416
+QWEN7B_8_DECODE_32_S = 0.007827901920000001
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_one_node_gives_exactly_the_single_host_numbers(expert_parallel):
+    v3 = Deployment(B3, V3, chips=16, weight_bytes=1.0, nodes=1, expert_parallel=expert_parallel)
+    assert decode_step_seconds(v3, 32, 32 * 1152) == V3_W8A8_16_DECODE_32_S
+    assert prefill_seconds(v3, 1024) == V3_W8A8_16_PREFILL_1024_S
+    qwen = Deployment(B3, QWEN7B, chips=8, nodes=1, expert_parallel=expert_parallel)
+    assert decode_step_seconds(qwen, 32, 32 * 1152) == QWEN7B_8_DECODE_32_S
+    assert pm.cross_host_seconds(v3, 4096) == pm.NO_CROSS_HOST
+    assert step_seconds(v3, 256, 1000, 8, 16000) == step_seconds(Deployment(B3, V3, chips=16, weight_bytes=1.0),
+                                                                 256, 1000, 8, 16000)
+
+
+def test_two_hosts_of_eight_are_slower_than_one_host_of_sixteen():
+    one = Deployment(B3, V3, chips=16, weight_bytes=1.0, expert_parallel=True)
+    two = Deployment(B3, V3, chips=16, weight_bytes=1.0, expert_parallel=True, nodes=2)
+    assert (two.chips_per_node, two.tensor_parallel_size, two.tensor_parallel_nodes) == (8, 8, 1)
+    for batch in (1, 32, 256):
+        cross = pm.cross_host_seconds(two, batch)
+        assert cross.all_reduce_s == 0.0  # TP 8 stays inside a host
+        # 58 MoE layers x (tokens / 16 chips x 7168 x 2 B x top-8 x (dispatch + combine) x 1/2 on the other host
+        # / 25 GB/s + 2 messages x 30 us)
+        per_layer = batch / 16 * 7168 * 2 * 8 * 2 * (1 / 2)
+        assert cross.bytes_per_chip == pytest.approx(58 * per_layer)
+        assert cross.all_to_all_s == pytest.approx(58 * (per_layer / 25e9 + 2 * 30e-6))
+        slow, fast = decode_step_seconds(two, batch, batch * 1152), decode_step_seconds(one, batch, batch * 1152)
+        assert slow == pytest.approx(fast + cross.total_s)
+        assert slow > fast
+    # a 4096-token prefill: 1.7 GB per chip over RoCE, 72 ms on top of the chips' own 70 ms (nothing overlapped)
+    cross = pm.cross_host_seconds(two, 4096)
+    assert cross.bytes_per_chip == pytest.approx(58 * 4096 / 16 * 7168 * 2 * 8)
+    assert prefill_seconds(two, 4096) == pytest.approx(prefill_seconds(one, 4096) + cross.total_s)
+    # more hosts, more of every token's experts elsewhere
+    four = Deployment(B3, V3, chips=16, weight_bytes=1.0, expert_parallel=True, nodes=4)
+    assert pm.cross_host_seconds(four, 32).all_to_all_s > pm.cross_host_seconds(two, 32).all_to_all_s
+
+
+def test_a_tensor_parallel_group_across_hosts_all_reduces_over_roce():
+    d = Deployment(B3, V3, chips=16, weight_bytes=1.0, nodes=2)  # no EP: one TP group of 16 over 2 hosts
+    assert (d.tensor_parallel_size, d.tensor_parallel_nodes) == (16, 2)
+    cross = pm.cross_host_seconds(d, 32)
+    assert cross.all_to_all_s == 0.0
+    # 2 all-reduces per layer x 61; hierarchical: each chip carries 1/8 of the message, the 2-host ring 2 x 1/2 of it
+    per_reduce = 2 * (1 / 2) * (32 * 7168 * 2) / 8
+    assert cross.all_reduce_s == pytest.approx(122 * (per_reduce / 25e9 + 2 * 30e-6))
+    # a dense model over two hosts pays it too
+    dense = pm.cross_host_seconds(Deployment(B3, QWEN7B, chips=16, nodes=2), 32)
+    assert dense.all_reduce_s > 0 and dense.all_to_all_s == 0.0
+
+
+def test_a_dense_model_with_tp_inside_one_host_has_no_cross_host_term():
+    for chips in (1, 4, 8):
+        d = Deployment(B3, QWEN7B, chips=chips)
+        assert pm.cross_host_seconds(d, 2048) == pm.NO_CROSS_HOST
+    # expert parallel asked for a dense model: nothing to dispatch (vLLM ignores the flag), TP stays whole
+    ignored = Deployment(B3, QWEN7B, chips=8, expert_parallel=True)
+    assert not ignored.experts_sharded and ignored.tensor_parallel_size == 8
+
+
+def test_deployment_refuses_layouts_it_cannot_model():
+    with pytest.raises(UsageError, match=r"nodes must be between 1 and chips \(8\), got 16"):
+        Deployment(B3, V3, chips=8, nodes=16)
+    with pytest.raises(UsageError, match=r"tensor_parallel \(3\) must divide chips \(16\)"):
+        Deployment(B3, V3, chips=16, expert_parallel=True, tensor_parallel=3)
+    with pytest.raises(UsageError, match="must equal chips .* without expert parallel"):
+        Deployment(B3, V3, chips=16, tensor_parallel=8)
+    wide = Deployment(B3, V3, chips=16, nodes=2, expert_parallel=True, tensor_parallel=16)  # TP across hosts
+    cross = pm.cross_host_seconds(wide, 32)
+    assert cross.all_reduce_s > 0 and cross.all_to_all_s > 0

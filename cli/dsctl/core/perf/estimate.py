@@ -12,16 +12,23 @@ with ``vllm bench serve --max-concurrency`` (serving-and-tuning.md s.2):
   the other B-1 requests that land in its decode phase in steady state, spread over its output tokens.
 * E2EL = worst TTFT + (output - 1) x TPOT. Throughput = B x output / cycle, cycle = B x prefill +
   (output - 1) x decode step (the steady-state life of one request).
+* Hosts: ``nodes`` spreads the chips evenly over that many hosts (chips / nodes each, which must be whole) and
+  ``expert_parallel`` shards a MoE model's experts over all of them (vllm-ascend ``--enable-expert-parallel``).
+  Spanning hosts adds the traffic that crosses them to every step (``perfmodel.cross_host_seconds``: RoCE
+  bytes and per-message latency of the expert all-to-all, and of tensor-parallel all-reduces when a TP group spans
+  hosts), reported separately (``cross_host_*``), so 16 chips over 2 hosts are slower than 16 in one host.
 
 Verdicts compare predictions with the SLOs (dsctl.core.load.slo_spec: ttft, tpot, e2el at any statistic).
 An infeasible one says why
 and gives bounds: the time at peak compute or bandwidth (no efficiency, no overheads) on the chips asked for,
 and the fewest chips for which that bound -- and the efficiency-scaled roofline -- meets the SLO, assuming
-perfect tensor-parallel scaling (so real deployments need at least that many).
+perfect tensor-parallel scaling (so real deployments need at least that many).  Over several hosts the
+efficiency-scaled count keeps the chips per host and includes the cross-host term (more chips, more hosts).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -37,6 +44,7 @@ from dsctl.core.perf.perfmodel import (
     Model,
     check_fits,
     chip_by_name,
+    cross_host_seconds,
     decode_flops,
     decode_step_seconds,
     kv_bytes_per_token_per_chip,
@@ -121,6 +129,26 @@ class Estimate:
     total_tokens_per_s: float
     startup_s: float
     verdicts: tuple[Verdict, ...] = field(default=())
+    nodes: int = 1                          # hosts the chips span
+    expert_parallel: bool = False
+    tensor_parallel: int = 1                # the attention's TP group (all chips without expert parallel)
+    npus_per_host: int = 0                  # what one host of this chip holds (profiles.yaml); 0 = unknown
+    cross_host_decode_s: float = 0.0        # of decode_step_s: traffic between hosts (0 within one host)
+    cross_host_all_to_all_decode_s: float = 0.0
+    cross_host_all_reduce_decode_s: float = 0.0
+    cross_host_prefill_s: float = 0.0       # of ttft_s: the same for the one-request prefill
+    cross_host_bytes_per_chip_decode: float = 0.0
+    one_host_s: dict[str, float] = field(default_factory=dict)  # nodes > 1: the same chips in one host (ttft_mean,
+                                                                 # ttft_worst, tpot, e2el), what "fewer hosts" saves
+
+    @property
+    def chips_per_node(self) -> int:
+        return self.chips // self.nodes
+
+    @property
+    def cross_host_share(self) -> float:
+        """Share of a decode step spent on traffic between hosts."""
+        return self.cross_host_decode_s / self.decode_step_s if self.decode_step_s > 0 else 0.0
 
     @property
     def feasible(self) -> bool:
@@ -140,18 +168,30 @@ def weight_format(weight_bytes: float) -> str:
 
 def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output_tokens: int, concurrency: int = 1,
              chips: int = 1, weight_bytes: float = 2.0, slo: Sequence[Slo] = (),
-             efficiency: Efficiency | None = None, memory_utilization: float = 0.9) -> Estimate:
+             efficiency: Efficiency | None = None, memory_utilization: float = 0.9, nodes: int = 1,
+             expert_parallel: bool = False) -> Estimate:
     """Predict one workload on one deployment and judge it against the SLOs ``slo``.
 
     The model gives each request of a burst its own TTFT, so a statistic is judged on it: ``mean`` on the mean
     TTFT (and E2EL), a percentile on the worst -- the last arrival's, an upper bound on every percentile, so the
-    verdict errs on the safe side.  TPOT is one value in steady state: every statistic of it is that value."""
+    verdict errs on the safe side.  TPOT is one value in steady state: every statistic of it is that value.
+    ``nodes``: hosts the chips span (must divide ``chips``); ``expert_parallel``: MoE models only."""
     chip = chip_by_name(chip) if isinstance(chip, str) else chip
     model = model_by_name(model) if isinstance(model, str) else model
     for name, value in (("prompt tokens", prompt_tokens), ("output tokens", output_tokens),
-                        ("concurrency", concurrency), ("chips", chips)):
+                        ("concurrency", concurrency), ("chips", chips), ("nodes", nodes)):
         if value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
+    if chips % nodes:
+        raise UsageError(f"--nodes {nodes}: {chips} chips do not split evenly over {nodes} hosts (chips per node = "
+                         f"chips / nodes must be whole); use a --nodes that divides --chips {chips}")
+    if expert_parallel and not model.is_moe:
+        raise UsageError(f"--expert-parallel: {model.name} is a dense model (no routed experts in "
+                         f"dsctl/data/profiles.yaml), so there are no experts to shard; drop --expert-parallel")
+    if expert_parallel and model.experts % chips:
+        raise UsageError(f"--expert-parallel: {model.name}'s {model.experts} routed experts do not divide over "
+                         f"{chips} chips (vLLM: the number of experts must be divisible by the expert parallel "
+                         f"size); use a --chips that divides {model.experts}")
     try:  # the caps every workload shares (`dsctl.core.load.limits`)
         limits.check("--prompt-tokens", prompt_tokens, limits.MAX_TOKENS, "tokens per request")
         limits.check("--output-tokens", output_tokens, limits.MAX_TOKENS, "tokens per request")
@@ -159,7 +199,8 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     d = Deployment(chip=chip, model=model, chips=chips, memory_utilization=memory_utilization,
-                   weight_bytes=weight_bytes, efficiency=efficiency or load_profiles()[2])
+                   weight_bytes=weight_bytes, efficiency=efficiency or load_profiles()[2], nodes=nodes,
+                   expert_parallel=expert_parallel)
     sequence = prompt_tokens + output_tokens
 
     try:
@@ -172,13 +213,15 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
     # When nothing fits, the times describe the same chips with unlimited memory: what the SLO verdicts judge.
     batch = min(concurrency, max_concurrency) if fits else concurrency
 
-    prefill = prefill_seconds(d, prompt_tokens)
-    decode = decode_step_seconds(d, batch, batch * _average_context(prompt_tokens, output_tokens))
+    prefill, decode, tpot, cycle, ttft_mean, ttft_worst, e2el = _timings(d, prompt_tokens, output_tokens,
+                                                                         concurrency, batch)
     steps = output_tokens - 1
-    tpot = decode + (batch - 1) * prefill / steps if steps else 0.0  # vLLM counts TPOT 0 for one output token
-    cycle = batch * prefill + steps * decode
-    ttft_mean, ttft_worst = _burst_ttft(concurrency, batch, prefill, cycle)
-    e2el = ttft_worst + steps * tpot
+    cross_decode, cross_prefill = cross_host_seconds(d, batch), cross_host_seconds(d, prompt_tokens)
+    one_host: dict[str, float] = {}
+    if nodes > 1:  # the same chips in one (hypothetical) host: what the verdicts' "fewer hosts" compares with
+        _, _, one_tpot, _, one_mean, one_worst, one_e2el = _timings(replace(d, nodes=1), prompt_tokens,
+                                                                     output_tokens, concurrency, batch)
+        one_host = {"ttft_mean": one_mean, "ttft_worst": one_worst, "tpot": one_tpot, "e2el": one_e2el}
 
     result = Estimate(
         chip=chip.name, model=model.name, chips=chips, weight_format=weight_format(weight_bytes),
@@ -189,17 +232,37 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
         prefill_flops=prefill_flops(model, prompt_tokens), ttft_s=prefill, ttft_mean_s=ttft_mean,
         ttft_worst_s=ttft_worst, tpot_s=tpot, e2el_s=e2el, decode_step_s=decode,
         output_tokens_per_s=batch * output_tokens / cycle, total_tokens_per_s=batch * sequence / cycle,
-        startup_s=startup_seconds(d),
+        startup_s=startup_seconds(d), nodes=nodes, expert_parallel=d.experts_sharded,
+        tensor_parallel=d.tensor_parallel_size, npus_per_host=chip.npus_per_host,
+        cross_host_decode_s=cross_decode.total_s, cross_host_all_to_all_decode_s=cross_decode.all_to_all_s,
+        cross_host_all_reduce_decode_s=cross_decode.all_reduce_s, cross_host_prefill_s=cross_prefill.total_s,
+        cross_host_bytes_per_chip_decode=cross_decode.bytes_per_chip, one_host_s=one_host,
     )
     verdicts = [_memory_verdict(d, result)]
     slo_spec.refuse_unsupported(slo, SLO_METRICS, "--slo", "estimate")
     for target in slo:
         judged = result
         if target.statistic == "mean":  # judge the burst's mean: the judges read the worst TTFT
-            judged = replace(result, ttft_worst_s=result.ttft_mean_s, e2el_s=result.ttft_mean_s + steps * tpot)
+            one = dict(one_host)
+            if one:
+                one.update(ttft_worst=one["ttft_mean"], e2el=one["ttft_mean"] + steps * one["tpot"])
+            judged = replace(result, ttft_worst_s=result.ttft_mean_s, e2el_s=result.ttft_mean_s + steps * tpot,
+                             one_host_s=one)
         verdict = _JUDGES[target.metric](d, judged, target.bound / 1e3)
         verdicts.append(replace(verdict, statistic=target.statistic))
     return replace(result, verdicts=tuple(verdicts))
+
+
+def _timings(d: Deployment, prompt_tokens: int, output_tokens: int, concurrency: int,
+             batch: int) -> tuple[float, float, float, float, float, float, float]:
+    """(prefill, decode step, TPOT, cycle, mean TTFT, worst TTFT, E2EL) of the workload at running batch ``batch``."""
+    prefill = prefill_seconds(d, prompt_tokens)
+    decode = decode_step_seconds(d, batch, batch * _average_context(prompt_tokens, output_tokens))
+    steps = output_tokens - 1
+    tpot = decode + (batch - 1) * prefill / steps if steps else 0.0  # vLLM counts TPOT 0 for one output token
+    cycle = batch * prefill + steps * decode
+    ttft_mean, ttft_worst = _burst_ttft(concurrency, batch, prefill, cycle)
+    return prefill, decode, tpot, cycle, ttft_mean, ttft_worst, ttft_worst + steps * tpot
 
 
 def _average_context(prompt_tokens: int, output_tokens: int) -> int:
@@ -223,7 +286,10 @@ def _burst_ttft(concurrency: int, batch: int, prefill: float, cycle: float) -> t
 
 def _on(d: Deployment, chips: int | None = None) -> str:
     chips = d.chips if chips is None else chips
-    return f"one {d.chip.name}" if chips == 1 else f"{chips} {d.chip.name} chips"
+    if chips == 1:
+        return f"one {d.chip.name}"
+    hosts = f" over {d.nodes} hosts" if chips == d.chips and d.nodes > 1 else ""
+    return f"{chips} {d.chip.name} chips{hosts}"
 
 
 def _min_chips(seconds_at: Callable[[int], float], target_s: float) -> int | None:
@@ -249,12 +315,25 @@ def _chips_text(count: int | None) -> str:
     return f"at least {count} chip{'' if count == 1 else 's'}"
 
 
-def _fixes(d: Deployment, concurrency_fix: str | None, chips_needed: int | None) -> str:
-    """What would meet the target: a lower concurrency, more chips (only if more than asked for), or both."""
+def _fixes(d: Deployment, concurrency_fix: str | None, chips_needed: int | None,
+           hosts_fix: str | None = None) -> str:
+    """What would meet the target: a lower concurrency, more chips (only if more than asked for), fewer hosts (when
+    the traffic between them is what misses it), or several of these."""
     options = [concurrency_fix] if concurrency_fix else []
     if chips_needed is None or chips_needed > d.chips:
         options.append(_chips_text(chips_needed))
+    if hosts_fix:
+        options.append(hosts_fix)
     return " or ".join(options) if options else "a faster engine than the model's efficiency factors"
+
+
+def _hosts_fix(e: Estimate, metric: str, predicted_s: float, target_s: float) -> str | None:
+    """"fewer hosts" when the same chips in one host would meet the target (the traffic between hosts misses it)."""
+    one_host = e.one_host_s.get(metric)
+    if one_host is None or one_host > target_s:
+        return None
+    return (f"fewer hosts ({_s_text(predicted_s - one_host)} of it is traffic between the {e.nodes} hosts; the same "
+            f"chips in one host would take {_s_text(one_host)})")
 
 
 def _prefill_bound(d: Deployment, prompt_tokens: int, chips: int) -> float:
@@ -272,8 +351,13 @@ def _decode_bound(d: Deployment, kv_tokens: int, chips: int) -> float:
 
 
 def _scaled(d: Deployment, chips: int) -> Deployment:
+    """The same deployment on ``chips`` chips: one host as asked, or as many hosts of d's chips per node as needed
+    (the last one partly filled), so the cross-host term grows with them.  The search over such counts is monotone
+    only between host boundaries: a count it returns meets the target, a smaller one across a boundary might too."""
+    nodes = 1 if d.nodes == 1 else min(chips, math.ceil(chips / d.chips_per_node))
     return Deployment(chip=d.chip, model=d.model, chips=chips, memory_utilization=d.memory_utilization,
-                      weight_bytes=d.weight_bytes, kv_keep_fraction=d.kv_keep_fraction, efficiency=d.efficiency)
+                      weight_bytes=d.weight_bytes, kv_keep_fraction=d.kv_keep_fraction, efficiency=d.efficiency,
+                      nodes=nodes, expert_parallel=d.expert_parallel)
 
 
 def _memory_verdict(d: Deployment, e: Estimate) -> Verdict:
@@ -319,7 +403,9 @@ def _judge_ttft(d: Deployment, e: Estimate, target_s: float) -> Verdict:
             concurrency_fix = f"concurrency <= {fitting}" if fitting >= 1 else None
         return Verdict("ttft", False, (
             f"{predicted} exceeds {target} at {d.efficiency.compute:.0%} compute efficiency "
-            f"(peak bound {_s_text(bound)}); needs {_fixes(d, concurrency_fix, m_eff)}"), **facts)
+            f"(peak bound {_s_text(bound)}); needs "
+            f"{_fixes(d, concurrency_fix, m_eff, _hosts_fix(e, 'ttft_worst', e.ttft_worst_s, target_s))}"),
+            **facts)
     return Verdict("ttft", True, f"predicted TTFT {_s_text(e.ttft_worst_s)} <= {target} "
                                  f"(peak bound {_s_text(bound)})", **facts)
 
@@ -346,11 +432,13 @@ def _judge_tpot(d: Deployment, e: Estimate, target_s: float) -> Verdict:
     if e.tpot_s > target_s:
         interference = e.tpot_s - e.decode_step_s
         batch_fix = _largest_batch_meeting_tpot(d, e, target_s)
+        hosts = _hosts_fix(e, "tpot", e.tpot_s, target_s)
         return Verdict("tpot", False, (
             f"predicted TPOT {_s_text(e.tpot_s)} at a running batch of {e.running_batch} (decode step "
             f"{_s_text(e.decode_step_s)} + {_s_text(interference)} of other requests' prefills) exceeds {target} "
             f"(peak bound {_s_text(bound)}); needs "
-            f"{_fixes(d, f'concurrency <= {batch_fix}' if batch_fix else None, m_eff)}"), **facts)
+            f"{_fixes(d, f'concurrency <= {batch_fix}' if batch_fix else None, m_eff, hosts)}"),
+            **facts)
     return Verdict("tpot", True, f"predicted TPOT {_s_text(e.tpot_s)} <= {target} at a running batch of "
                                  f"{e.running_batch} (peak bound {_s_text(bound)})", **facts)
 
@@ -391,10 +479,11 @@ def _judge_e2el(d: Deployment, e: Estimate, target_s: float) -> Verdict:
             f"perfect scaling"),
             **facts)
     if e.e2el_s > target_s:
+        hosts = _hosts_fix(e, "e2el", e.e2el_s, target_s)
         return Verdict("e2el", False, (
             f"predicted E2EL {_s_text(e.e2el_s)} (TTFT {_s_text(e.ttft_worst_s)} + {steps} x TPOT "
             f"{_s_text(e.tpot_s)}) exceeds {target} (peak bound {_s_text(bound)}); needs "
-            f"{_fixes(d, 'a lower concurrency' if e.concurrency > 1 else None, m_eff)}"), **facts)
+            f"{_fixes(d, 'a lower concurrency' if e.concurrency > 1 else None, m_eff, hosts)}"), **facts)
     return Verdict("e2el", True, f"predicted E2EL {_s_text(e.e2el_s)} <= {target} (peak bound {_s_text(bound)})",
                    **facts)
 

@@ -22,9 +22,18 @@ Formulas (N = new tokens, P = tokens already in the context, L = layers, A = ``M
 * Memory per chip: HBM x utilisation = weights / chips + workspace + KV. What is left for KV decides the
   capacity; vLLM's start-up checks decide the failure and its wording (`check_fits`).
 
-Not modelled: communication volume (only a fixed per-layer latency when chips > 1), chunking of long prefills
-into several steps (one step overhead per prefill), prefix caching, speculative decoding, pipeline parallelism.
-Tensor parallelism is assumed to scale perfectly, so chip counts derived from it are lower bounds.
+* Hosts (``Deployment.nodes``): within one host the collectives cost a fixed latency per layer (chips > 1) and no
+  bandwidth -- HCCS moves a decode step's activations in microseconds.  What crosses hosts goes over each NPU's own
+  RoCE port, 8x slower than HCCS, and is charged by bytes and messages (``cross_host_seconds``): a tensor-parallel
+  group that spans hosts all-reduces over RoCE, and with expert parallelism every MoE layer's dispatch and combine
+  send the share of tokens routed to experts on other hosts over RoCE.  One host (``nodes=1``) adds exactly nothing,
+  so single-host numbers are the same as without the term.
+
+Not modelled: communication bandwidth inside a host (a long prefill's all-to-all over HCCS), overlap of
+communication with compute (DeepSeek's two-micro-batch overlap), the attention weights an expert-parallel group
+replicates over its data-parallel ranks (weights split evenly over all chips), chunking of long prefills into
+several steps (one step overhead per prefill), prefix caching, speculative decoding, pipeline parallelism.
+Tensor parallelism is assumed to scale perfectly inside a host, so chip counts derived from it are lower bounds.
 """
 
 from __future__ import annotations
@@ -69,6 +78,11 @@ STREAM_WORKSPACE_GB = 0.25
 # matrix (2048*2048)" as atten_mask (hiascend.com torch_npu API reference, npu_fusion_attention), BOOL: 1 byte each,
 # whatever the sequence length.  A fused (flash) attention kernel never materialises the S x S mask.
 FUSED_ATTENTION_MASK_BYTES = 2048.0 * 2048.0
+# cross_host_seconds(): bytes per element of what collectives move between ranks -- hidden states in the serving
+# dtype, bf16 (vLLM's default for DeepSeek; W8A8 checkpoints still exchange bf16 activations).  Proposed: DeepSeek's
+# own DeepEP dispatches FP8 and combines BF16 (deepseek-ai/DeepEP README; arXiv 2412.19437 s.3.3), which would
+# halve the dispatch bytes; vllm-ascend's default dispatcher is not documented to do so.
+ACTIVATION_BYTES = 2.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,9 @@ class Chip:
     source: str
     vendor: str = "ascend"   # "ascend" or "cuda": whose out-of-memory wording a failed load prints
     int8_tops: float = 0.0   # dense INT8 peak for W8A8 weights; 0 = use the FP16 peak
+    npus_per_host: int = 0   # chips one server holds (Atlas 800T A2: 8); 0 = unknown
+    intra_host_gbs: float = 0.0  # per chip and direction inside a host (HCCS, NVLink); 0 = unknown
+    inter_host_gbs: float = 0.0  # per chip and direction between hosts (its own RoCE / IB port); 0 = unknown
 
 
 @dataclass(frozen=True)
@@ -101,10 +118,18 @@ class Model:
     ffn_intermediate: int = 0    # MLP width one token runs (MoE: (k + shared) x expert width)
     vocab_size: int = 0
     shared_experts: int = 0
+    moe_layers: int = 0          # layers with routed experts (DeepSeek: the first_k_dense_replace layers are dense)
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 0 and self.experts_per_token > 0
+
+    @property
+    def moe_layer_count(self) -> int:
+        """Layers that dispatch tokens to experts: the profile's ``moe_layers``, else every layer of a MoE model."""
+        if not self.is_moe:
+            return 0
+        return self.moe_layers or self.layers
 
     @property
     def always_active_params_b(self) -> float:
@@ -133,6 +158,7 @@ class Efficiency:
     eager_ms_per_layer: float = 0.0  # --enforce-eager: per layer and step, operators launched one by one
     capture_s: float = 0.0          # part of init_s spent capturing graphs (skipped with --enforce-eager)
     host_ms_per_seq: float = 0.0    # fixed-batch engine: host work per sequence and step, on the critical path
+    inter_host_latency_us: float = 0.0  # per collective step that crosses hosts (cross_host_seconds)
 
 
 def _efficiency(raw: dict[str, Any]) -> Efficiency:
@@ -144,6 +170,7 @@ def _efficiency(raw: dict[str, Any]) -> Efficiency:
         reserved_gb=float(raw.get("reserved_gb", 1.0)), eager_reserved_gb=float(raw.get("eager_reserved_gb", 0.5)),
         eager_ms_per_layer=float(raw.get("eager_ms_per_layer", 0.0)), capture_s=float(raw.get("capture_s", 0.0)),
         host_ms_per_seq=float(raw.get("host_ms_per_seq", 0.0)),
+        inter_host_latency_us=float(raw.get("inter_host_latency_us", 0.0)),
     )
 
 
@@ -152,23 +179,72 @@ DEFAULT_EFFICIENCY = _efficiency(data.load("profiles")["efficiency"])
 
 @dataclass(frozen=True)
 class Deployment:
+    """One serving instance: ``chips`` NPUs of one kind spread evenly over ``nodes`` hosts.
+
+    Without ``expert_parallel`` the chips are one tensor-parallel group (``tensor_parallel`` must be 0 or
+    ``chips``).  With it (a MoE model; vllm-ascend ``--enable-expert-parallel``, experts sharded over all chips),
+    attention runs in data-parallel groups of ``tensor_parallel`` chips (0: the largest divisor of ``chips`` that fits
+    in one host, vllm-ascend's Multi-Node-DP layout with TP inside a node).  Weights are split evenly over all chips
+    either way.  ``nodes`` only adds the cross-host term (``cross_host_seconds``); the time and memory of the chips
+    themselves do not depend on where they sit.
+    """
+
     chip: Chip
     model: Model
-    chips: int = 1                      # tensor-parallel group size
+    chips: int = 1                      # NPUs of the instance (the tensor-parallel group without expert parallel)
     memory_utilization: float = 0.9     # --gpu-memory-utilization
     weight_bytes: float = 2.0           # per parameter
     kv_keep_fraction: float = 1.0       # from kv_sparse_threshold, see kv_keep_fraction()
     efficiency: Efficiency = DEFAULT_EFFICIENCY
+    nodes: int = 1                      # hosts the chips span, chips / nodes each
+    expert_parallel: bool = False       # experts sharded over all chips, tokens dispatched to them (MoE only)
+    tensor_parallel: int = 0            # TP group of the attention with expert parallel; 0 = the default above
 
     def __post_init__(self) -> None:
         if self.chips < 1:
             raise UsageError(f"chips must be at least 1, got {self.chips}")
+        if not 1 <= self.nodes <= self.chips:
+            raise UsageError(f"nodes must be between 1 and chips ({self.chips}), got {self.nodes}")
+        if self.tensor_parallel:
+            if self.tensor_parallel < 1 or self.chips % self.tensor_parallel:
+                raise UsageError(f"tensor_parallel ({self.tensor_parallel}) must divide chips ({self.chips})")
+            if self.tensor_parallel != self.chips and not self.experts_sharded:
+                raise UsageError(f"tensor_parallel ({self.tensor_parallel}) must equal chips ({self.chips}) without "
+                                 "expert parallel: the chips are one tensor-parallel group")
         if not 0 < self.memory_utilization <= 1:
             raise UsageError(f"gpu_memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if self.weight_bytes <= 0:
             raise UsageError(f"weight bytes per parameter must be positive, got {self.weight_bytes}")
         if not 0 < self.kv_keep_fraction <= 1:
             raise UsageError(f"kv_keep_fraction must be in (0, 1], got {self.kv_keep_fraction}")
+
+    @property
+    def experts_sharded(self) -> bool:
+        """Expert parallel in effect: asked for, and the model has routed experts (vLLM ignores it otherwise)."""
+        return self.expert_parallel and self.model.is_moe
+
+    @property
+    def chips_per_node(self) -> float:
+        """NPUs on each host (an uneven split counts as its average; estimate refuses one)."""
+        return self.chips / self.nodes
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The attention's tensor-parallel group: all chips without expert parallel; with it ``tensor_parallel``, or
+        the largest divisor of chips that fits on one host."""
+        if self.tensor_parallel:
+            return self.tensor_parallel
+        if not self.experts_sharded:
+            return self.chips
+        per_node = max(1, math.floor(self.chips_per_node))
+        if per_node >= self.chips:
+            return self.chips
+        return max(t for t in range(1, per_node + 1) if self.chips % t == 0)
+
+    @property
+    def tensor_parallel_nodes(self) -> int:
+        """Hosts one tensor-parallel group spans (groups are laid out host by host, as the rank table numbers them)."""
+        return max(1, math.ceil(self.tensor_parallel_size / self.chips_per_node - 1e-9))
 
 
 class DoesNotFit(Exception):
@@ -191,7 +267,9 @@ class DoesNotFit(Exception):
 def _chip(name: str, raw: dict[str, Any]) -> Chip:
     return Chip(name=name, hbm_gb=float(raw["hbm_gb"]), hbm_bandwidth_gbs=float(raw["hbm_bandwidth_gbs"]),
                 fp16_tflops=float(raw["fp16_tflops"]), source=str(raw["source"]).strip(),
-                vendor=str(raw.get("vendor", "ascend")), int8_tops=float(raw.get("int8_tops", 0.0)))
+                vendor=str(raw.get("vendor", "ascend")), int8_tops=float(raw.get("int8_tops", 0.0)),
+                npus_per_host=int(raw.get("npus_per_host", 0)), intra_host_gbs=float(raw.get("intra_host_gbs", 0.0)),
+                inter_host_gbs=float(raw.get("inter_host_gbs", 0.0)))
 
 
 def _model(name: str, raw: dict[str, Any]) -> Model:
@@ -212,7 +290,7 @@ def _model(name: str, raw: dict[str, Any]) -> Model:
                  experts_per_token=int(raw.get("experts_per_token", 0)), num_heads=int(raw["num_heads"]),
                  gqa_kv_heads=kv_heads if kv["kind"] == "gqa" else None, hidden_size=int(raw.get("hidden_size", 0)),
                  ffn_intermediate=int(raw.get("ffn_intermediate", 0)), vocab_size=int(raw.get("vocab_size", 0)),
-                 shared_experts=int(raw.get("shared_experts", 0)))
+                 shared_experts=int(raw.get("shared_experts", 0)), moe_layers=int(raw.get("moe_layers", 0)))
 
 
 @cache
@@ -349,8 +427,10 @@ def min_chips_to_fit(d: Deployment, max_model_len: int | None = None, limit: int
 
 
 def _with_chips(d: Deployment, chips: int) -> Deployment:
+    # Memory only: where the chips sit and how they are grouped does not change what each one holds.
     return Deployment(chip=d.chip, model=d.model, chips=chips, memory_utilization=d.memory_utilization,
-                      weight_bytes=d.weight_bytes, kv_keep_fraction=d.kv_keep_fraction, efficiency=d.efficiency)
+                      weight_bytes=d.weight_bytes, kv_keep_fraction=d.kv_keep_fraction, efficiency=d.efficiency,
+                      expert_parallel=d.expert_parallel)
 
 
 # --------------------------------------------------------------------------- time
@@ -430,6 +510,76 @@ def stream_rates(occupancies: list[float]) -> float:
     return min(1.0, 1.0 / sum(occupancies)) / (1.0 + STREAM_CONTENTION * (k - 1))
 
 
+@dataclass(frozen=True)
+class CrossHost:
+    """What one step's traffic between hosts costs, in seconds: tensor-parallel all-reduces of a group that spans
+    hosts, and the expert-parallel dispatch + combine all-to-alls.  All zero within one host."""
+
+    all_reduce_s: float = 0.0
+    all_to_all_s: float = 0.0
+    bytes_per_chip: float = 0.0   # sent over each chip's own inter-host port in the step (one direction)
+
+    @property
+    def total_s(self) -> float:
+        return self.all_reduce_s + self.all_to_all_s
+
+
+NO_CROSS_HOST = CrossHost()
+
+
+def cross_host_seconds(d: Deployment, tokens: int) -> CrossHost:
+    """The cost of spanning hosts for one step over ``tokens`` tokens (prefill chunk + decodes), per chip.
+
+    Links (profiles.yaml, per chip and direction): inside an Atlas 800T A2 host HCCS (``Chip.intra_host_gbs``,
+    196 GB/s), between hosts each NPU's own 200GE RoCE port (``Chip.inter_host_gbs``, 25 GB/s).  Only the second is
+    charged: in-host collectives stay the fixed per-layer latency of ``overhead_seconds`` (see the module
+    docstring), so ``nodes == 1`` returns zero and the step time is exactly the single-host one.  Each collective step
+    that crosses hosts also costs ``Efficiency.inter_host_latency_us`` (a guess).  Nothing is overlapped with compute
+    (vllm-ascend's default; a guess for its multistream options).  H = hidden size, b = ACTIVATION_BYTES,
+    n = nodes, c = chips per node, L = layers, M = MoE layers:
+
+    * Expert all-to-all (expert parallel, MoE): every MoE layer dispatches each token to its k experts and combines
+      the k results back.  Each chip sends its own tokens (tokens / chips of the step; a guess: vllm-ascend splits a
+      DP rank's tokens over its TP ranks before dispatch).  Experts are spread evenly over all chips and routing is
+      taken as uniform, so (n - 1) / n of the copies go to other hosts:
+          bytes = tokens / chips x H x b x k x 2 (dispatch + combine) x (n - 1) / n      per chip and MoE layer
+          time  = M x (bytes / RoCE + 2 x latency)
+      Copies to several experts on one rank count k times (an upper bound: DeepEP sends a token once per rank).
+    * Tensor-parallel all-reduce, only when a TP group spans hosts (TP > c; vLLM: one after attention and one after
+      the MLP per layer; with expert parallel the MoE layers' second one is the all-to-all instead).  HCCL is
+      hierarchical: an intra-server stage, then an inter-server algorithm (ring / RHD) between servers (CANN HCCL
+      user guide, "Collective Communication Algorithms"; HCCL_ALGO level0 / level1), so each chip carries 1 / c of
+      the message across hosts, the ring's 2 (n_tp - 1) / n_tp of it:
+          message = tokens / DP x H x b;   bytes = 2 (n_tp - 1) / n_tp x message / c   per chip and all-reduce
+          time    = all-reduces x (bytes / RoCE + 2 (n_tp - 1) x latency)
+    """
+    if d.nodes <= 1 or tokens <= 0:
+        return NO_CROSS_HOST
+    link = d.chip.inter_host_gbs * GB
+    if link <= 0:
+        raise UsageError(f"chip {d.chip.name} has no inter-host bandwidth in dsctl/data/profiles.yaml "
+                         f"(inter_host_gbs), so an instance over {d.nodes} hosts cannot be modelled; add it")
+    m = d.model
+    latency = d.efficiency.inter_host_latency_us / 1e6
+    hidden = m.hidden_size * ACTIVATION_BYTES
+    all_to_all = all_reduce = moved = 0.0
+    if d.experts_sharded:
+        remote = (d.nodes - 1) / d.nodes
+        per_layer = tokens / d.chips * hidden * m.experts_per_token * 2 * remote
+        all_to_all = m.moe_layer_count * (per_layer / link + 2 * latency)
+        moved += m.moe_layer_count * per_layer
+    tp_nodes = d.tensor_parallel_nodes
+    if tp_nodes > 1:
+        data_parallel = d.chips // d.tensor_parallel_size
+        message = tokens / data_parallel * hidden
+        per_reduce = 2 * (tp_nodes - 1) / tp_nodes * message / min(d.tensor_parallel_size, d.chips_per_node)
+        dense_layers = m.layers - m.moe_layer_count
+        reduces = 2 * dense_layers + (1 if d.experts_sharded else 2) * m.moe_layer_count
+        all_reduce = reduces * (per_reduce / link + 2 * (tp_nodes - 1) * latency)
+        moved += reduces * per_reduce
+    return CrossHost(all_reduce_s=all_reduce, all_to_all_s=all_to_all, bytes_per_chip=moved)
+
+
 def overhead_seconds(d: Deployment) -> float:
     """Fixed cost of one engine step: scheduling and launch, plus collectives when the group spans chips."""
     comm = d.model.layers * d.efficiency.comm_ms_per_layer if d.chips > 1 else 0.0
@@ -442,7 +592,8 @@ def step_seconds(d: Deployment, prefill_tokens: int, prefill_context: int, decod
 
     The weights the step's tokens touch are read once, the decodes read their KV and the chunk reads its
     context's KV; compute is the chunk's prefill FLOPs plus the decodes'. Time is the slower of the two at the
-    efficiency-scaled peaks, plus the step overhead. An empty step takes no time.
+    efficiency-scaled peaks, plus the step overhead, plus the traffic between hosts when the deployment spans
+    several (``cross_host_seconds``; nothing for one host). An empty step takes no time.
     ``kv_factor`` scales the time of the KV reads (the attention kernel's efficiency: block size, FIA vs PA,
     see engine_sched); ``extra_overhead_s`` is added to the fixed part (eager launches).
     """
@@ -458,7 +609,8 @@ def step_seconds(d: Deployment, prefill_tokens: int, prefill_context: int, decod
     compute_s = flops / (d.chips * peak_flops(d) * d.efficiency.compute)
     memory_s = bytes_per_chip / (d.chip.hbm_bandwidth_gbs * GB * d.efficiency.bandwidth)
     recall_s = kv_recall_bytes(d, decode_kv_tokens) / (HOST_LINK_GBS * GB) if decode_batch else 0.0
-    return max(compute_s, memory_s) + recall_s + overhead_seconds(d) + extra_overhead_s
+    cross_host_s = cross_host_seconds(d, tokens).total_s if d.nodes > 1 else 0.0
+    return max(compute_s, memory_s) + recall_s + overhead_seconds(d) + extra_overhead_s + cross_host_s
 
 
 def prefill_seconds(d: Deployment, new_tokens: int, context_tokens: int = 0) -> float:
