@@ -44,6 +44,7 @@ def test_spec_round_trips_through_its_dict():
         ({"firmware": "7.5.0.1.129"}, "--firmware"),
         ({"subnet": "not-a-net"}, "--subnet"),
         ({"subnet": "10.0.0.0/28", "hosts": 8}, "--subnet"),
+        ({"subnet": "10.80.0.0/24"}, "--subnet"),  # the NPU plane's
         ({"disk_gb": 0}, "--disk-gb"),
     ],
 )
@@ -112,3 +113,18 @@ def test_named_labs_take_the_first_free_subnet_after_the_default_labs():
     assert free_subnet(["10.78.0.0/23"]) == "10.78.2.0/24"  # overlap, not only equality
     with pytest.raises(UsageError, match="--subnet"):
         free_subnet(["10.78.0.0/16"])
+
+
+def test_the_npu_plane_has_a_switch_namespace_a_subnet_per_npu_and_a_port_per_npu():
+    from dsctl.core.lab.plan import npu_address, npu_gateway, npu_plane_cabling, npu_plane_netns, npu_subnet
+    from dsctl.lab.hosts import _npu_plane_batch
+
+    spec = plan(hosts=2, npus=8, name="ta", subnet="10.78.100.0/24")
+    assert npu_plane_netns("ta") == "dsctl-ta-npu"
+    assert [npu_subnet(npu) for npu in (0, 7, 15)] == ["10.80.0.0/24", "10.87.0.0/24", "10.95.0.0/24"]
+    assert (npu_address(2, 3), npu_gateway(3)) == ("10.83.0.12", "10.83.0.1")
+    batch = _npu_plane_batch(spec).splitlines()
+    assert batch[:2] == ["link add npu-plane type bridge", "address add 10.80.0.1/24 dev npu-plane"]
+    assert "link add lab-02 type veth peer name npu-plane netns dsctl-ta-02" in batch
+    cabling = npu_plane_cabling("ta", spec.members[1], 8)
+    assert cabling["interface"] == "npu-plane" and cabling["ports"][0] == "200GE1/0/9"

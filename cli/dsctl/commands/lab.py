@@ -67,7 +67,8 @@ def up(
 
 @app.command()
 def down(name: NameOption = None, root: RootOption = None, as_json: JsonOption = False) -> None:
-    """Remove every lab host: processes, mounts, namespaces, the bridge and the state directory (of this lab only)."""
+    """Remove every lab host: processes, mounts, namespaces, the bridge, the NPU plane and the state directory (of
+    this lab only)."""
     removed = service.lab_down(root, name)
     if as_json:
         ui.emit_json(["lab", "down"], removed)
@@ -107,7 +108,8 @@ def status(name: NameOption = None, root: RootOption = None, as_json: JsonOption
 def fault(
     host: Annotated[str, typer.Argument(help="Lab host name, e.g. lab-01.")],
     kind: Annotated[FaultKind, typer.Argument(help="What to break (or mend).", case_sensitive=False)],
-    npu: Annotated[int | None, typer.Option("--npu", help="NPU id, for chip-unhealthy / chip-healthy.")] = None,
+    npu: Annotated[int | None, typer.Option(
+        "--npu", help="NPU id, for chip-unhealthy / chip-healthy, link-down / link-up and hccn-conf-wrong.")] = None,
     health: Annotated[str, typer.Option("--health", help="Health to report: Warning, Alarm or Critical.")] = "Critical",
     component: Annotated[
         str,
@@ -119,7 +121,7 @@ def fault(
     name: NameOption = None,
     root: RootOption = None,
 ) -> None:
-    """Inject a fault that roles can only see through the host itself (npu-smi, exit codes, df, SSH)."""
+    """Inject a fault that roles can only see through the host itself (npu-smi, hccn_tool, exit codes, df, SSH)."""
     typer.echo(service.lab_fault(root, host, kind, name=name, npu=npu, health=health, component=component))
 
 

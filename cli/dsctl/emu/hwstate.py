@@ -34,6 +34,7 @@ NPU_PROCESS_DIR = LAB_RUN_DIR / "npu-procs"
 BOARD_FILE = "board.json"
 FLASH_FILE = "flash.json"
 FAULTS_FILE = "faults.json"
+NPU_PLANE_FILE = "npu_plane.json"
 
 
 def _read_json(path: Path, default: Any) -> Any:
@@ -80,12 +81,29 @@ def flash_firmware(version: str | None, hw_dir: Path = HW_DIR) -> None:
 
 
 def faults(hw_dir: Path = HW_DIR) -> dict[str, Any]:
-    """Injected faults: {"install_fail": "any"|"driver"|"firmware"|"toolkit"|..., ...}."""
+    """Injected faults: {"install_fail": "any"|"driver"|"firmware"|"toolkit"|..., "npu_link_down": [3, ...],
+    "hccn_conf_wrong": {"key", "right", "wrong"}}."""
     return _read_json(hw_dir / FAULTS_FILE, {})
 
 
 def save_faults(data: dict[str, Any], hw_dir: Path = HW_DIR) -> None:
     _write_json(hw_dir / FAULTS_FILE, data)
+
+
+def npu_plane(hw_dir: Path = HW_DIR) -> dict[str, Any] | None:
+    """How the NPUs' RoCE ports are cabled: {"interface": "npu-plane", "switch": {"name", "chassis_mac",
+    "description", "management_address"}, "ports": ["200GE1/0/1", ...] (one per NPU)}; None when they are not
+    cabled (a host outside a lab)."""
+    return _read_json(hw_dir / NPU_PLANE_FILE, None)
+
+
+def save_npu_plane(data: dict[str, Any], hw_dir: Path = HW_DIR) -> None:
+    _write_json(hw_dir / NPU_PLANE_FILE, data)
+
+
+def npu_links_down(hw_dir: Path = HW_DIR) -> set[int]:
+    """NPUs whose RoCE link is down (lab fault link-down): faults.json "npu_link_down"."""
+    return {int(npu) for npu in faults(hw_dir).get("npu_link_down", [])}
 
 
 def take_install_failure(component: str, hw_dir: Path = HW_DIR) -> bool:

@@ -32,6 +32,12 @@ FIRMWARE_DIR = ASCEND_ROOT / "firmware"
 UPGRADE_TOOL = DRIVER_DIR / "tools" / "upgrade-tool"
 NPU_SMI = Path("/usr/local/bin/npu-smi")
 DCMI_DIR = Path("/usr/local/dcmi")
+# The driver's installer links its hccn_tool into /usr/bin (host_servers_setup.sh bin_config) and creates an empty
+# /etc/hccn.conf, mode 0644, owned by root (run_driver_install.sh changeMode), which uninstalling leaves in place
+# (host_servers_remove.sh removes only the link; hicann/driver scripts/package/driver/common/scripts).  A lab host's
+# /usr/bin is the base system every host and the controller share, so the lab's link is in /usr/local/bin.
+HCCN_TOOL_LINK = Path("/usr/local/bin/hccn_tool")
+HCCN_CONF = Path("/etc/hccn.conf")
 
 DRIVER_SWITCHES = {
     "--full",
@@ -46,13 +52,6 @@ DRIVER_SWITCHES = {
 DRIVER_VALUED = {"--install-username", "--install-usergroup", "--install-path"}
 FIRMWARE_SWITCHES = {"--full", "--upgrade", "--quiet", "--help"}
 DRIVER_MODES = ("--full", "--run", "--docker", "--upgrade")
-
-HCCN_TOOL_STUB = """\
-#!/bin/sh
-# hccn_tool of the emulated driver (dsctl lab): the NPUs of a lab host have no RoCE ports to configure.
-echo "hccn_tool: no network device is available on this emulated host" >&2
-exit 1
-"""
 
 FIRMWARE_UPGRADE_HELPER = """\
 #!/bin/sh
@@ -324,7 +323,9 @@ class _DriverRun:
                     )
                 (root / "tools").mkdir()
                 shutil.copy2(self.payload / "bin" / "upgrade-tool", root / "tools" / "upgrade-tool")
-                runpkg.write_file(root / "tools" / "hccn_tool", HCCN_TOOL_STUB, 0o755)
+                # driver.xml: hccn_tool pkg_mod/install_mod 555, root:root.
+                hccn_tool = (self.payload / "bin" / "hccn_tool").read_bytes()
+                runpkg.write_file(root / "tools" / "hccn_tool", hccn_tool, 0o555)
                 t.progress(30, spaced=False)
                 if runpkg.install_failure_armed("driver"):
                     # Field failure: DKMS cannot build for the running kernel (ascend-deployer README FAQ).
@@ -348,9 +349,20 @@ class _DriverRun:
                 staged.commit()
                 dcmi.commit()
                 os.replace(new_smi, NPU_SMI)
+                _link_hccn_tool()
         finally:
             new_smi.unlink(missing_ok=True)
         t.progress(100, spaced=False)
+
+
+def _link_hccn_tool() -> None:
+    """The tool on PATH, and the empty hccn.conf it persists to (kept if a site or an earlier driver wrote one)."""
+    if not HCCN_CONF.exists():
+        runpkg.write_file(HCCN_CONF, "", 0o644)
+    link = HCCN_TOOL_LINK.with_name(f".{HCCN_TOOL_LINK.name}.dsctl-new")
+    link.unlink(missing_ok=True)
+    link.symlink_to(DRIVER_DIR / "tools" / "hccn_tool")
+    os.replace(link, HCCN_TOOL_LINK)
 
 
 def uninstall_driver(pkg: dict, argv: list[str]) -> int:
@@ -375,7 +387,7 @@ def uninstall_driver(pkg: dict, argv: list[str]) -> int:
                 )
                 return 1
             transcript.log(f"[Driver] [{start}] [INFO]base version is {_installed_version(DRIVER_DIR)}.")
-            for path in (DRIVER_DIR, NPU_SMI, DCMI_DIR):
+            for path in (DRIVER_DIR, NPU_SMI, DCMI_DIR, HCCN_TOOL_LINK):
                 runpkg.remove_path(path)
             _drop_install_record("Driver")
             runpkg.log_operation("Uninstall", "uninstall.sh", "success", " ".join(argv), start=start)

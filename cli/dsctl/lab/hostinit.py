@@ -5,8 +5,8 @@ Started by the lab controller as ``ip netns exec <ns> unshare -m -u -p -f
 so it owns a network, mount, UTS and PID namespace.  It gives the host its own
 disk (overlays of the system directories on the host's own tmpfs), boots it
 (fresh /run, /tmp and /dev/shm, a new boot id, the driver that is installed now
-is what gets "loaded", the flashed firmware becomes active), starts sshd and
-reaps orphans.
+is what gets "loaded", the flashed firmware becomes active, the driver re-applies
+/etc/hccn.conf to the NPUs' RoCE ports), starts sshd and reaps orphans.
 
 A reboot is SIGUSR1 to this process (the host's reboot command sends it):
 every other process of the host is killed, the runtime filesystems are thrown
@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 from dsctl.core.hostfacts.versionfiles import parse_key_value
-from dsctl.emu import hwstate
+from dsctl.emu import hwstate, npu_net
 
 # Directories a role or installer writes to; each host gets its own view of them.
 OVERLAID_DIRS = ("etc", "usr/local", "opt", "var", "home")
@@ -122,6 +122,38 @@ def load_driver_and_firmware(boot_id: str) -> None:
     )
 
 
+def recover_npu_network() -> None:
+    """The NPUs' ports start every boot with nothing; the driver, if one is loaded, re-applies /etc/hccn.conf:
+    its device_boot_init.sh runs network_cfg_recovery (driver/tools/network.sh -> hccn_tool -cfg recovery) for each
+    device (hicann/driver scripts/package/driver/common/scripts/device_boot_init.sh).  Here the installed driver's
+    own hccn_tool does it, once for all devices (``-a -cfg recovery``)."""
+    ctx = npu_net.Context.default()
+    try:
+        npu_net.flush(ctx)
+    except OSError as problem:
+        print(f"dsctl-lab-init: NPU plane: {problem}", file=sys.stderr, flush=True)
+    if not ctx.driver_loaded() or not npu_net.HCCN_TOOL.is_file():
+        return
+    try:
+        if not npu_net.HCCN_CONF.read_text().strip():
+            return  # nothing to recover: spare the boot a process
+    except OSError:
+        return
+    try:
+        subprocess.run([str(npu_net.HCCN_TOOL), "-a", "-cfg", "recovery"], check=False, env=BOOT_ENV,
+                       stdin=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.SubprocessError) as problem:  # a broken driver leaves the NPUs unset, not the host
+        print(f"dsctl-lab-init: hccn_tool -a -cfg recovery: {problem}", file=sys.stderr, flush=True)
+
+
+def power_off_npu_network() -> None:
+    """A powered-off server's NPUs answer nobody: their addresses leave the wire with the power."""
+    try:
+        npu_net.flush(npu_net.Context.default())
+    except OSError:
+        pass
+
+
 # The distribution's supervisor package starts supervisord at boot (Debian's supervisor.service, enabled on install)
 # with this file, which includes /etc/supervisor/conf.d/*.conf: a host whose instances run under supervisor gets
 # them back after a reboot, as a real one does.  A host with no program there skips it (nothing would run; it
@@ -159,6 +191,7 @@ def boot(hostname: str, hw_fd: int, host_fd: int, boots: int) -> None:
     boot_id = mount_runtime(hw_fd)
     _run("hostname", hostname)
     load_driver_and_firmware(boot_id)
+    recover_npu_network()
     sshd_pid = start_sshd()
     start_boot_services()
     write_state(host_fd, {"boot_id": boot_id, "boots": boots, "sshd_pid": sshd_pid, "booted_at": time.time()})
@@ -220,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, HOST_SIGNALS)
         except _PowerOff:
             stop_everything_else()
+            power_off_npu_network()
             return 0
 
 

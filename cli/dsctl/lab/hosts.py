@@ -2,7 +2,10 @@
 
 Each host is a network namespace on a bridge the controller is part of, with
 its own mount/UTS/PID namespaces created by ``unshare`` and run by
-``dsctl.lab.hostinit``.  Everything a host owns is named from the lab's state
+``dsctl.lab.hostinit``.  A second cable per host (its ``npu-plane`` interface)
+goes to the lab's NPU plane switch, a namespace of its own with a bridge
+(dsctl.core.lab.plan, "the NPU parameter plane").
+Everything a host owns is named from the lab's state
 directory and the ``dsctl-lab-`` prefix, so teardown can find it again after
 a crash even without the state file.
 """
@@ -30,6 +33,9 @@ from dsctl import data
 from dsctl.core.lab.plan import (
     DEFAULT_NAME,
     DEFAULT_SUBNET,
+    NPU_PLANE_BRIDGE,
+    NPU_PLANE_INTERFACE,
+    NPU_PLANE_PREFIX_LEN,
     LabHost,
     LabSpec,
     board_state,
@@ -37,6 +43,9 @@ from dsctl.core.lab.plan import (
     cable_prefix,
     free_subnet,
     netns_prefix,
+    npu_gateway,
+    npu_plane_cabling,
+    npu_plane_netns,
 )
 from dsctl.emu import hwstate
 from dsctl.errors import DsctlError, EnvironmentUnsupported
@@ -48,6 +57,8 @@ NETWORK_LOCK = STATE_BASE / ".lab-network.lock"
 BOOT_TIMEOUT_S = 60.0
 REQUIRED_TOOLS = {
     "ip": "iproute2",
+    "bridge": "iproute2",  # the NPU plane switch's ports (lab fault npu-plane-partition)
+    "sysctl": "procps",    # the NPU plane switch routes
     "unshare": "util-linux",
     "nsenter": "util-linux",
     "mount": "mount",
@@ -137,6 +148,7 @@ def _switch_batch(spec: LabSpec) -> str:
         f"link add {spec.bridge} type bridge",
         f"address add {spec.gateway}/{spec.prefix_len} dev {spec.bridge}",
         f"link set {spec.bridge} up",
+        f"netns add {npu_plane_netns(spec.name)}",
     ]
     for host in spec.members:
         lines += [
@@ -147,8 +159,30 @@ def _switch_batch(spec: LabSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _npu_plane_batch(spec: LabSpec) -> str:
+    """The NPU plane's switch, run inside its namespace: a bridge with one port per host (named after the host,
+    its other end the host's plane interface) and the switch's routed interface in every NPU subnet."""
+    lines = [f"link add {NPU_PLANE_BRIDGE} type bridge"]
+    lines += [f"address add {npu_gateway(npu)}/{NPU_PLANE_PREFIX_LEN} dev {NPU_PLANE_BRIDGE}"
+              for npu in range(spec.npus)]
+    lines += [f"link set {NPU_PLANE_BRIDGE} up", "link set lo up"]
+    for host in spec.members:
+        lines += [
+            f"link add {host.name} type veth peer name {NPU_PLANE_INTERFACE} netns {host.netns}",
+            f"link set {host.name} master {NPU_PLANE_BRIDGE} up",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# The switch routes between the NPU subnets (the gateway of each) and, as an L3 switch with one interface per VLAN
+# would, never tells a host to go around it (no ICMP redirects on its single bridged interface).
+NPU_SWITCH_SYSCTLS = ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0",
+                      f"net.ipv4.conf.{NPU_PLANE_BRIDGE}.send_redirects=0")
+
+
 def _host_network_batch(spec: LabSpec, host: LabHost) -> str:
-    return f"address add {host.address}/{spec.prefix_len} dev eth0\nlink set eth0 up\nlink set lo up\n"
+    return (f"address add {host.address}/{spec.prefix_len} dev eth0\nlink set eth0 up\nlink set lo up\n"
+            f"link set {NPU_PLANE_INTERFACE} up\n")
 
 
 def _lab_namespaces(name: str = DEFAULT_NAME) -> list[str]:
@@ -201,6 +235,28 @@ def choose_subnet(name: str, subnet: str | None) -> str:
     return free_subnet(used_subnets())
 
 
+def npu_plane_exists(name: str) -> bool:
+    listing = _run(["ip", "netns", "list"], check=False).stdout
+    return npu_plane_netns(name) in (line.split()[0] for line in listing.splitlines() if line.split())
+
+
+def npu_switch_port(spec: LabSpec, host: LabHost, forwarding: bool) -> None:
+    """Let the NPU plane's switch forward a host's port, or stop it (lab fault npu-plane-partition): no learning,
+    no flooding, the port's learnt addresses forgotten, so no frame reaches the host's NPUs and none of theirs gets
+    anywhere, while the link itself stays up on both ends."""
+    netns, state = npu_plane_netns(spec.name), "on" if forwarding else "off"
+    _run(["ip", "netns", "exec", netns, "bridge", "link", "set", "dev", host.name, "learning", state,
+          "flood", state, "mcast_flood", state, "bcast_flood", state])
+    if forwarding:
+        return
+    learnt = _run(["ip", "netns", "exec", netns, "bridge", "fdb", "show", "dev", host.name], check=False).stdout
+    for line in learnt.splitlines():
+        fields = line.split()
+        if fields and "permanent" not in fields and "self" not in fields:
+            _run(["ip", "netns", "exec", netns, "bridge", "fdb", "del", fields[0], "dev", host.name, "master"],
+                 check=False)
+
+
 def set_link(host: LabHost, up: bool) -> None:
     """Plug or unplug a host's cable at the lab switch."""
     _run(["ip", "link", "set", host.veth, "up" if up else "down"])
@@ -224,6 +280,7 @@ def _prepare_host(paths: LabPaths, spec: LabSpec, host: LabHost, authorized_key:
     hw_dir = paths.hw_dir(host.name)
     hw_dir.mkdir(parents=True, exist_ok=True)
     hwstate.save_board(board_state(host.name, spec.npus, spec.chip, chips["chips"], chips["bus_ids"]), hw_dir)
+    hwstate.save_npu_plane(npu_plane_cabling(spec.name, host, spec.npus), hw_dir)
     hwstate.flash_firmware(None, hw_dir)
     hwstate.save_faults({}, hw_dir)
     _mount_disk(paths, host, spec.disk_gb)
@@ -331,8 +388,11 @@ def up(spec: LabSpec, paths: LabPaths, progress: Progress = _quiet) -> None:
     """Create the lab's hosts and boot them (a bare OS each)."""
     paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     authorized = keys.write_ed25519_keypair(paths.client_key, "dsctl-lab-controller")
-    progress(f"network: bridge {spec.bridge} {spec.gateway}/{spec.prefix_len}, {len(spec.members)} namespaces")
+    progress(f"network: bridge {spec.bridge} {spec.gateway}/{spec.prefix_len}, {len(spec.members)} namespaces, "
+             f"NPU plane switch {npu_plane_netns(spec.name)}")
     _run(["ip", "-batch", "-"], input_text=_switch_batch(spec))
+    _run(["ip", "-n", npu_plane_netns(spec.name), "-batch", "-"], input_text=_npu_plane_batch(spec))
+    _run(["ip", "netns", "exec", npu_plane_netns(spec.name), "sysctl", "-q", "-w", *NPU_SWITCH_SYSCTLS])
     for host in spec.members:
         _run(["ip", "-n", host.netns, "-batch", "-"], input_text=_host_network_batch(spec, host))
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -349,7 +409,7 @@ def up(spec: LabSpec, paths: LabPaths, progress: Progress = _quiet) -> None:
 def is_running(paths: LabPaths, spec: LabSpec) -> bool:
     return all(init_pid(paths, host.name) is not None for host in spec.members) and set(
         _lab_namespaces(spec.name)
-    ) >= {host.netns for host in spec.members}
+    ) >= {host.netns for host in spec.members} and npu_plane_exists(spec.name)
 
 
 def _lab_mounts(root: Path) -> list[str]:
@@ -385,12 +445,14 @@ def down(paths: LabPaths) -> dict[str, int]:
     mounts = _lab_mounts(paths.root)
     for mount_point in mounts:
         _run(["umount", "-l", mount_point], check=False)
-    if namespaces:
-        _run(["ip", "-force", "-batch", "-"], input_text="".join(f"netns del {ns}\n" for ns in namespaces),
+    plane = npu_plane_exists(paths.name)
+    doomed = namespaces + ([npu_plane_netns(paths.name)] if plane else [])
+    if doomed:
+        _run(["ip", "-force", "-batch", "-"], input_text="".join(f"netns del {ns}\n" for ns in doomed),
              check=False)
     _remove_cables(paths.name)
     bridge_existed = _run(["ip", "link", "del", bridge_name(paths.name)], check=False).returncode == 0
     if paths.root.exists():
         shutil.rmtree(paths.root)
     return {"namespaces": len(namespaces), "processes": len(pids), "mounts": len(mounts),
-            "bridge": int(bridge_existed)}
+            "bridge": int(bridge_existed), "npu_plane": int(plane)}

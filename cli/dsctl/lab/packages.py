@@ -28,7 +28,7 @@ written anew here, not copied), extracts to a temporary directory and runs
 
 The payload carries the package's metadata as JSON (lab hosts have no yaml),
 a minimal ``dsctl`` package tree with the stdlib-only installer modules, and
-for the driver the ``npu-smi`` and ``upgrade-tool`` zipapps.
+for the driver the ``npu-smi``, ``upgrade-tool`` and ``hccn_tool`` zipapps.
 
 Output is deterministic (fixed tar/zip times and owners, gzip mtime 0), so
 the same releases give the same bytes and checksums; the wheelhouse is
@@ -73,11 +73,17 @@ ZIPAPP_MODULES = (
     "emu/hwstate.py",
     "emu/npu_smi.py",
     "emu/upgrade_tool.py",
+    "emu/hccn_tool.py",
+    "emu/npu_net.py",
     "core/hostfacts/npusmi.py",
     "core/hostfacts/versionorder.py",
     "core/hostfacts/versionfiles.py",
 )
-DRIVER_TOOLS = {"npu-smi": "dsctl.emu.npu_smi:main", "upgrade-tool": "dsctl.emu.upgrade_tool:main"}
+DRIVER_TOOLS = {
+    "npu-smi": "dsctl.emu.npu_smi:main",
+    "upgrade-tool": "dsctl.emu.upgrade_tool:main",
+    "hccn_tool": "dsctl.emu.hccn_tool:main",
+}
 ZIPAPP_SHEBANG = b"#!/usr/bin/python3\n"
 
 # makeself labels printed as "Uncompressing <label>  100%" (section 5.4; the 910B firmware label and the

@@ -53,6 +53,48 @@ NETNS_PREFIX = netns_prefix()
 CABLE_PREFIX = cable_prefix()
 
 
+# --- the NPU parameter plane -------------------------------------------------------------------------------
+#
+# A second network per lab, apart from the management network SSH uses: the NPUs' RoCE ports (the "parameter
+# plane" of Ascend's networking guides) cabled to a ToR switch.  The switch is a network namespace of its own,
+# dsctl-<name>-npu, holding a bridge (NPU_PLANE_BRIDGE) with one port per lab host, named after the host, and the
+# switch's routed interfaces (the gateway .1 of every NPU subnet below).  Each host has one cable into it, seen on
+# the host as NPU_PLANE_INTERFACE; an NPU's address, once hccn_tool sets it, is an alias there in a routing table
+# of its own (dsctl.emu.npu_net), so only what the NPU itself sends (hccn_tool's ping) uses it.  Nothing of the
+# plane is in this machine's own network namespace: two labs' planes never meet, whatever addresses they use.
+NPU_PLANE_BRIDGE = "npu-plane"
+NPU_PLANE_INTERFACE = "npu-plane"
+# The lab's suggested addressing, NIC i of every server in a subnet of its own (ascend-deployer's rule for
+# Atlas 800 training servers: NIC i of all servers in one subnet, the NICs of one server in different subnets):
+# NPU i of lab-NN is 10.(80+i).0.(10+NN)/24, the switch answers at 10.(80+i).0.1 (detection peer and gateway).
+NPU_PLANE_NETWORK = "10.80.0.0/12"  # 10.80.0.0 - 10.95.255.255: NPU indices 0..15, one /24 each
+NPU_PLANE_PREFIX_LEN = 24
+NPU_SWITCH_PORT_SPEED = "200GE"  # an Atlas A2 NPU's RoCE port (Atlas 800T A2 datasheet: 8 x 200GE)
+
+
+def npu_plane_netns(name: str = DEFAULT_NAME) -> str:
+    """The namespace of lab ``name``'s NPU plane switch (named under the lab's prefix, so teardown finds it)."""
+    return f"{netns_prefix(name)}npu"
+
+
+def npu_subnet(npu: int) -> str:
+    return str(ipaddress.ip_network(NPU_PLANE_NETWORK).network_address + (npu << 16)) + f"/{NPU_PLANE_PREFIX_LEN}"
+
+
+def npu_gateway(npu: int) -> str:
+    """The switch's address in NPU ``npu``'s subnet: the detection peer and gateway a site's switch gives."""
+    return str(next(ipaddress.ip_network(npu_subnet(npu)).hosts()))
+
+
+def npu_address(host_index: int, npu: int) -> str:
+    """The lab's suggested address of NPU ``npu`` of lab host ``host_index`` (its last octet is the host's)."""
+    return str(ipaddress.ip_network(npu_subnet(npu)).network_address + FIRST_HOST_OFFSET + host_index - 1)
+
+
+def npu_netmask() -> str:
+    return str(ipaddress.ip_network(f"0.0.0.0/{NPU_PLANE_PREFIX_LEN}").netmask)
+
+
 @dataclass(frozen=True)
 class LabHost:
     name: str
@@ -133,6 +175,8 @@ def plan_lab(
         raise UsageError(f"--subnet {subnet!r} is not an IPv4 network such as {DEFAULT_SUBNET}") from exc
     if network.version != 4 or network.num_addresses < FIRST_HOST_OFFSET + hosts + 1:
         raise UsageError(f"--subnet {subnet} has no room for {hosts} hosts; use a larger IPv4 network")
+    if network.overlaps(ipaddress.ip_network(NPU_PLANE_NETWORK)):
+        raise UsageError(f"--subnet {subnet} overlaps the lab's NPU plane {NPU_PLANE_NETWORK}; choose another network")
     members = [
         LabHost(
             name=host_name(index),
@@ -156,6 +200,24 @@ def free_subnet(used: list[str], pool: str = NAMED_SUBNET_POOL) -> str:
         if not any(candidate.overlaps(network) for network in taken):
             return str(candidate)
     raise UsageError(f"no free /24 left in {pool} for another lab; pass --subnet or take a lab down")
+
+
+def npu_plane_cabling(name: str, host: LabHost, npus: int) -> dict[str, Any]:
+    """Where a host's NPU ports are cabled (dsctl.emu.hwstate's npu_plane.json): the host's plane interface, the
+    switch's identity as its LLDP says it, and the switch port of each NPU (one 200GE port per NPU, numbered
+    across the lab's hosts)."""
+    digest = hashlib.sha256(f"{name}/npu-switch".encode()).hexdigest()
+    return {
+        "interface": NPU_PLANE_INTERFACE,
+        "switch": {
+            "name": f"{name}-npu-sw",
+            # A locally administered unicast MAC, stable per lab.
+            "chassis_mac": ":".join(["02"] + [digest[i:i + 2] for i in range(0, 10, 2)]),
+            "description": "Routing switch of the dsctl lab NPU plane (a Linux bridge, emulated; not a Huawei switch)",
+            "management_address": npu_gateway(0),
+        },
+        "ports": [f"{NPU_SWITCH_PORT_SPEED}1/0/{(host.index - 1) * npus + npu + 1}" for npu in range(npus)],
+    }
 
 
 def bus_id(npu: int, known: list[str]) -> str:
