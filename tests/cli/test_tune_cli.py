@@ -162,3 +162,42 @@ def test_requests_below_the_percentiles_sample_rule_are_refused_in_one_line(tmp_
     both = run_cli(tmp_path, "--simulate", "--model", "r1-7b", "--slo", "ttft=200ms", "--objective", "capacity",
                    "--rate", "4")
     assert both.returncode == 2 and "--objective capacity searches the rate" in both.stderr
+
+
+def test_nodes_refusals_are_one_line_exit_2_before_any_run(tmp_path):
+    inventory = fleet_inventory(tmp_path, "/models/DeepSeek-R1-Distill-Qwen-7B", 4)
+    for args, words in (
+            (["--simulate", "--model", "deepseek-v3", "--nodes", "0"], "--nodes must be at least 1, got 0"),
+            (["--simulate", "--model", "deepseek-v3", "--nodes", "3", "--npus", "16"],
+             "--nodes 3: the instance's 16 NPUs do not split evenly over 3 hosts"),
+            (["--simulate", "--model", "deepseek-v3", "--nodes", "2", "--npus-per-node", "16"],
+             "--nodes 2: 16 NPUs per host, but a 910B3 host holds 8"),
+            (["--simulate", "--model", "deepseek-v3", "--nodes", "2", "--engine", "lab-engine"],
+             "--nodes 2: lab-engine has no data parallelism, so its instance cannot span hosts"),
+            (["--simulate", "--model", "r1-7b", "--nodes", "2", "--param", "enable_expert_parallel=true"],
+             "r1-7b is a dense model"),
+            (["--simulate", "--model", "deepseek-v3", "--weights", "fp4"], "--weights: unknown format 'fp4'"),
+            ([str(inventory), "--nodes", "2"], "--nodes 2: the live tune does not tune instances that span hosts "
+                                               "yet")):
+        bad = run_cli(tmp_path, *args, "--slo", "tpot=50ms")
+        assert bad.returncode == 2 and bad.stdout == "", (args, bad.stderr)
+        (line,) = bad.stderr.splitlines()
+        assert line.startswith("dsctl: error: ") and words in line, line
+    assert not (tmp_path / "state" / "dsctl" / "runs").exists()
+
+
+def test_simulate_over_two_hosts_prints_the_best_layout(tmp_path):
+    # DeepSeek-V2-Lite (MoE, 64 experts) over 2 hosts x 2 NPUs at a fixed load: one probe per candidate, seconds
+    result = run_cli(tmp_path, "--simulate", "--model", "deepseek-v2-lite", "--nodes", "2", "--npus-per-node", "2",
+                     "--slo", "tpot:median=100ms", "--rate", "2", "--budget", "3", "--prompt-tokens", "256",
+                     "--output-tokens", "32", "--max-model-len", "4096", "--weights", "int8")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "dsctl tune --simulate: deepseek-v2-lite on 4 x 910B3 over 2 hosts (vllm-ascend, space vllm-ascend, int8 " \
+           "weights)" in out
+    layout = next(line for line in out.splitlines() if line.startswith("layout: "))
+    assert " over 2 hosts x 2 NPUs" in layout and ("TP 1 x DP 4 (2 per host)" in layout or
+                                                   "TP 2 x DP 2 (1 per host)" in layout)
+    best = next(line for line in out.splitlines() if line.startswith("best: trial "))
+    assert "tensor_parallel_size=" in best and "data_parallel_size=" in best and "enable_expert_parallel=" in best
+    assert "2 hosts x 2 910B3 (one instance of 4 NPUs)" in result.stderr

@@ -54,7 +54,7 @@ def show(
 
 def _print(e: Estimate, chip: Chip) -> None:
     eff = e.efficiency
-    per_chip = e.weights_gb / e.chips
+    per_chip = e.weights_per_chip_gb or e.weights_gb / e.chips
     kv = (f"{e.kv_capacity_tokens} tokens" if e.fits else "does not fit")
     rows = [
         ["weights", f"{e.weights_gb:.1f} GB ({per_chip:.1f} GB per chip)", f"{e.weight_format}, total parameters"],

@@ -102,7 +102,9 @@ def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
         space = p.space
     else:
         i = result.inputs
-        title = (f"dsctl tune --simulate: {i.model} on {i.chip} ({i.engine}, space {result.space.name}), "
+        where = f"{i.npus_per_instance} x {i.chip} over {i.nodes} hosts" if i.nodes > 1 else i.chip
+        weights = "" if i.weight_bytes == 2.0 else f", {tune_verb.WEIGHTS_NAMES[i.weight_bytes]} weights"
+        title = (f"dsctl tune --simulate: {i.model} on {where} ({i.engine}, space {result.space.name}{weights}), "
                  f"{c['evaluated']} evaluated, {c['feasible']} feasible, {c['crashed']} crashed")
         space = result.space
     ui.print_table(title, COLUMNS, rows, wrap=("parameters", "status"))
@@ -117,6 +119,12 @@ def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
                                    else None)
     if line:
         console.print(line, markup=False, soft_wrap=True)
+    if isinstance(result, tune_verb.TuneResult) and result.best is not None and (
+            result.inputs.nodes > 1 or any(k.parallel for k in result.space.knobs)):
+        layout = tune_verb.layout_of(result.inputs, result.best, result.space)
+        figure = tune_verb.capacity_figure(result.best)
+        console.print(f"layout: {tune_verb.layout_text(layout)}"
+                      + (f": {tune_verb.rate_text(figure)}" if figure else ""), markup=False, soft_wrap=True)
     if isinstance(result, tune_live.LiveTuneResult):
         what = "the winner" if result.deployed == "winner" else "the baseline (the inventory's configuration)"
         console.print(f"deployed: {what} on every instance of {result.plan.service}", markup=False, soft_wrap=True)
@@ -146,8 +154,9 @@ def run(
     model: Annotated[str | None, typer.Option("--model", help="--simulate: model profile, e.g. r1-7b.")] = None,
     chip: Annotated[str, typer.Option("--chip", help="Chip profile, e.g. 910B3, 910B4 (the roofline screen).")
                     ] = "910B3",
-    engine: Annotated[str, typer.Option("--engine", help="--simulate: lab-engine (fixed-batch space) or "
-                                                         "vllm-ascend.")] = "lab-engine",
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="--simulate: lab-engine (fixed-batch space; the default on one host) or vllm-ascend (the "
+                         "default with --nodes > 1).")] = None,
     space: Annotated[str | None, typer.Option("--space", help="Search space of tune_spaces.yaml (default: the "
                                                               "engine's).")] = None,
     slo: Annotated[list[str] | None, typer.Option(
@@ -191,7 +200,17 @@ def run(
     write_back: Annotated[bool, typer.Option(
         "--write-back", help="Live: once the winner is deployed and confirmed, write its parameters into the "
                              "inventory (comments kept; checked before the first restart).")] = False,
-    npus: Annotated[int, typer.Option("--npus", help="--simulate: NPUs of one instance.")] = 1,
+    npus: Annotated[int | None, typer.Option(
+        "--npus", help="--simulate: NPUs of one instance, over all its hosts (default 1; with --nodes N: N x "
+                       "--npus-per-node).")] = None,
+    nodes: Annotated[int, typer.Option(
+        "--nodes", help="--simulate: hosts one instance spans (vllm-ascend Multi-Node-DP): the layout (TP per DP rank "
+                        "inside a host, DP, expert parallel for MoE models) is searched with the other knobs.")] = 1,
+    npus_per_node: Annotated[int | None, typer.Option(
+        "--npus-per-node", help="--simulate with --nodes: NPUs of each host (default: a host's, 8 on an Atlas 800T "
+                                "A2).")] = None,
+    weights: Annotated[str | None, typer.Option(
+        "--weights", help="--simulate: weight format, bf16 (default) or int8 (W8A8), as dsctl estimate.")] = None,
     max_model_len: Annotated[int | None, typer.Option(
         "--max-model-len", help="--simulate: the engine's max_model_len (default: the model's).")] = None,
     resume: Annotated[Path | None, typer.Option(
@@ -221,12 +240,18 @@ def run(
             raise UsageError("--simulate reads no inventory: drop INVENTORY, or drop --simulate to tune the fleet")
         if model is None:
             raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
+        instance = tune_verb.instance_npus(nodes=nodes, npus=npus, npus_per_node=npus_per_node, chip=chip)
+        if weights is not None and weights.lower() not in tune_verb.WEIGHT_FORMATS:
+            raise UsageError(f"--weights: unknown format {weights!r}; known: {', '.join(tune_verb.WEIGHT_FORMATS)}")
+        if engine is None:
+            engine = "vllm-ascend" if nodes > 1 else "lab-engine"
         inputs = tune_verb.TuneInputs(
             model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
             objective=objective, budget=20 if budget is None else budget, slots=1 if slots is None else slots,
             seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
             requests=requests, rate=rate, params=tuple(param or ()),
-            npus_per_instance=npus, max_model_len=max_model_len, resume=resume is not None, screen=screen)
+            npus_per_instance=instance, max_model_len=max_model_len, resume=resume is not None, screen=screen,
+            nodes=nodes, weight_bytes=tune_verb.WEIGHT_FORMATS[(weights or "bf16").lower()])
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
         result: Any = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
@@ -234,9 +259,16 @@ def run(
     else:
         if inventory is None:
             raise UsageError("give the INVENTORY whose service to tune, or --simulate --model M for a what-if study")
-        if model is not None or npus != 1 or max_model_len is not None:
+        if nodes != 1:
+            raise UsageError(f"--nodes {nodes}: the live tune does not tune instances that span hosts yet (a trial "
+                             f"would occupy a whole host group); run --simulate --nodes {nodes} for the layout, or "
+                             f"drop --nodes")
+        if model is not None or npus is not None or max_model_len is not None:
             raise UsageError("--model, --npus and --max-model-len are --simulate's: the live tune reads them from "
                              "the service")
+        if weights is not None or npus_per_node is not None:
+            raise UsageError("--weights and --npus-per-node are --simulate's: the live tune reads them from the "
+                             "service")
         live = tune_live.LiveTuneInputs(
             inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
             objective=objective, budget=16 if budget is None else budget, seed=seed, prompt_tokens=prompt_tokens,

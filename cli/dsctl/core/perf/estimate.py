@@ -57,6 +57,7 @@ from dsctl.core.perf.perfmodel import (
     startup_seconds,
     touched_params,
     weights_bytes,
+    weights_bytes_per_chip,
 )
 from dsctl.errors import UsageError
 
@@ -138,6 +139,7 @@ class Estimate:
     cross_host_all_reduce_decode_s: float = 0.0
     cross_host_prefill_s: float = 0.0       # of ttft_s: the same for the one-request prefill
     cross_host_bytes_per_chip_decode: float = 0.0
+    weights_per_chip_gb: float = 0.0        # what each chip holds (DP groups keep their own always-active weights)
     one_host_s: dict[str, float] = field(default_factory=dict)  # nodes > 1: the same chips in one host (ttft_mean,
                                                                  # ttft_worst, tpot, e2el), what "fewer hosts" saves
 
@@ -169,13 +171,14 @@ def weight_format(weight_bytes: float) -> str:
 def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output_tokens: int, concurrency: int = 1,
              chips: int = 1, weight_bytes: float = 2.0, slo: Sequence[Slo] = (),
              efficiency: Efficiency | None = None, memory_utilization: float = 0.9, nodes: int = 1,
-             expert_parallel: bool = False) -> Estimate:
+             expert_parallel: bool = False, tensor_parallel: int = 0) -> Estimate:
     """Predict one workload on one deployment and judge it against the SLOs ``slo``.
 
     The model gives each request of a burst its own TTFT, so a statistic is judged on it: ``mean`` on the mean
     TTFT (and E2EL), a percentile on the worst -- the last arrival's, an upper bound on every percentile, so the
     verdict errs on the safe side.  TPOT is one value in steady state: every statistic of it is that value.
-    ``nodes``: hosts the chips span (must divide ``chips``); ``expert_parallel``: MoE models only."""
+    ``nodes``: hosts the chips span (must divide ``chips``); ``expert_parallel``: MoE models only;
+    ``tensor_parallel``: a MoE model's attention TP group (DP groups of it over the chips; 0: perfmodel's default)."""
     chip = chip_by_name(chip) if isinstance(chip, str) else chip
     model = model_by_name(model) if isinstance(model, str) else model
     for name, value in (("prompt tokens", prompt_tokens), ("output tokens", output_tokens),
@@ -200,7 +203,7 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
         raise UsageError(str(exc)) from None
     d = Deployment(chip=chip, model=model, chips=chips, memory_utilization=memory_utilization,
                    weight_bytes=weight_bytes, efficiency=efficiency or load_profiles()[2], nodes=nodes,
-                   expert_parallel=expert_parallel)
+                   expert_parallel=expert_parallel, tensor_parallel=tensor_parallel)
     sequence = prompt_tokens + output_tokens
 
     try:
@@ -218,9 +221,10 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
     steps = output_tokens - 1
     cross_decode, cross_prefill = cross_host_seconds(d, batch), cross_host_seconds(d, prompt_tokens)
     one_host: dict[str, float] = {}
-    if nodes > 1:  # the same chips in one (hypothetical) host: what the verdicts' "fewer hosts" compares with
-        _, _, one_tpot, _, one_mean, one_worst, one_e2el = _timings(replace(d, nodes=1), prompt_tokens,
-                                                                     output_tokens, concurrency, batch)
+    if nodes > 1:  # the same chips and layout in one (hypothetical) host: what "fewer hosts" compares with
+        one = replace(d, nodes=1, tensor_parallel=d.tensor_parallel_size)
+        _, _, one_tpot, _, one_mean, one_worst, one_e2el = _timings(one, prompt_tokens, output_tokens, concurrency,
+                                                                     batch)
         one_host = {"ttft_mean": one_mean, "ttft_worst": one_worst, "tpot": one_tpot, "e2el": one_e2el}
 
     result = Estimate(
@@ -237,6 +241,7 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
         cross_host_decode_s=cross_decode.total_s, cross_host_all_to_all_decode_s=cross_decode.all_to_all_s,
         cross_host_all_reduce_decode_s=cross_decode.all_reduce_s, cross_host_prefill_s=cross_prefill.total_s,
         cross_host_bytes_per_chip_decode=cross_decode.bytes_per_chip, one_host_s=one_host,
+        weights_per_chip_gb=weights_bytes_per_chip(d) / GB,
     )
     verdicts = [_memory_verdict(d, result)]
     slo_spec.refuse_unsupported(slo, SLO_METRICS, "--slo", "estimate")
@@ -357,7 +362,9 @@ def _scaled(d: Deployment, chips: int) -> Deployment:
     nodes = 1 if d.nodes == 1 else min(chips, math.ceil(chips / d.chips_per_node))
     return Deployment(chip=d.chip, model=d.model, chips=chips, memory_utilization=d.memory_utilization,
                       weight_bytes=d.weight_bytes, kv_keep_fraction=d.kv_keep_fraction, efficiency=d.efficiency,
-                      nodes=nodes, expert_parallel=d.expert_parallel)
+                      nodes=nodes, expert_parallel=d.expert_parallel,
+                      tensor_parallel=d.tensor_parallel if d.tensor_parallel and chips % d.tensor_parallel == 0
+                      else 0)
 
 
 def _memory_verdict(d: Deployment, e: Estimate) -> Verdict:

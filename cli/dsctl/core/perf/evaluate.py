@@ -9,6 +9,9 @@ ITL, E2EL, throughput, goodput, with vLLM's definitions).  A step that runs out 
 "failed under load" (the live engine dies there too).  The quality cost of KV sparsity comes with it:
 ``agreement`` is the expected share of output tokens equal to the threshold-0 output.
 
+A dense model's data-parallel ranks (``EnginePlan.replicas``) are that many independent engines, each fed every
+replicas-th request; a MoE model's DP ranks are one scheduler (engine_config's docstring).
+
 What it leaves out against a live engine + probe: network and HTTP time (tens of microseconds per event on
 loopback) and the event loop's scheduling jitter; `tests/unit/test_evaluate.py` compares both.  A few
 hundred requests take well under a second.
@@ -17,6 +20,7 @@ hundred requests take well under a second.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,18 +55,33 @@ class Evaluation:
         return math.inf if got is None else float(got)
 
 
+# Request i of a workload is a pure function of its seed (Workload's docstring), and a tune sends the same requests
+# to every probe (common random numbers): their engine-side token counts are kept per workload object, so a probe
+# does not rebuild and re-count the same prompt texts (a third of a probe's time on 1024-token prompts).
+_PLANNED: weakref.WeakKeyDictionary[Workload, dict[tuple[int, int, bool], tuple[int, int, tuple]]] = \
+    weakref.WeakKeyDictionary()
+
+
 def planned_requests(workload: Workload, schedule: list[float], block_size: int, prefix_caching: bool
                      ) -> list[Request]:
     """The engine-side requests the probe's workload sends at ``schedule`` (prompt tokens as the engine counts)."""
     from dsctl.engine.text import block_hashes, count_tokens, token_units
 
+    try:
+        known = _PLANNED.setdefault(workload, {})
+    except TypeError:  # not weakly referable: count every time
+        known = {}
     requests = []
     for index, at in enumerate(schedule):
-        planned = workload.request(index)
-        text = planned.prompt or " ".join(str(m.get("content", "")) for m in planned.messages or ())
-        tokens = max(1, count_tokens(text))
-        hashes = block_hashes(token_units(text), block_size) if prefix_caching else ()
-        requests.append(Request(f"r{index}", tokens, max(1, planned.output_tokens), arrival=at, block_hashes=hashes))
+        key = (index, block_size, prefix_caching)
+        got = known.get(key)
+        if got is None:
+            planned = workload.request(index)
+            text = planned.prompt or " ".join(str(m.get("content", "")) for m in planned.messages or ())
+            hashes = block_hashes(token_units(text), block_size) if prefix_caching else ()
+            got = known[key] = (max(1, count_tokens(text)), max(1, planned.output_tokens), hashes)
+        tokens, output, hashes = got
+        requests.append(Request(f"r{index}", tokens, output, arrival=at, block_hashes=hashes))
     return requests
 
 
@@ -74,7 +93,10 @@ def evaluate(config: engine_config.EngineConfig, workload: Workload, arrival: ar
         plan = engine_config.plan(config)
     except engine_config.StartupFailure as exc:
         return Evaluation(config, FAILED_TO_START, exc.message, agreement=agreement)
-    sched = engine_config.scheduler(plan, jitter=jitter, seed=seed)
+    # A dense model's DP ranks are independent engines behind one API server: each gets every replicas-th request
+    # (round robin; vLLM's front end balances by queue length, which a steady Poisson stream makes about even).
+    replicas = max(1, plan.replicas)
+    scheds = [engine_config.scheduler(plan, jitter=jitter, seed=seed + k) for k in range(replicas)]
     schedule = arrivals.schedule(arrival, requests=requests, seed=seed)
     reqs = planned_requests(workload, schedule, config.block_size, config.enable_prefix_caching)
     too_long = [r for r in reqs if r.prompt_tokens + r.max_tokens > plan.max_model_len]
@@ -83,13 +105,16 @@ def evaluate(config: engine_config.EngineConfig, workload: Workload, arrival: ar
     try:
         if too_long:
             raise ValueError(f"{len(too_long)} requests exceed max_model_len ({plan.max_model_len})")
-        done = simulate(sched, reqs)
+        done = []
+        for k, sched in enumerate(scheds):  # one replica dying fails the instance (its API server answers errors)
+            done += simulate(sched, reqs[k::replicas] if replicas > 1 else reqs)
     except OutOfMemory as exc:
         status, message = FAILED_UNDER_LOAD, str(exc)
         done = [r for r in reqs if r.finished]
     except ValueError as exc:  # the engine answers 400 to what can never run
         status, message = FAILED_UNDER_LOAD, f"HTTP 400: {exc}"
         done = [r for r in reqs if r.finished]
+    now = max(sched.now for sched in scheds)
     records = []
     for r in reqs:
         record = probe_metrics.RequestRecord(r.id, scheduled=r.arrival, sent=r.arrival, prompt_tokens=r.prompt_tokens)
@@ -100,11 +125,11 @@ def evaluate(config: engine_config.EngineConfig, workload: Workload, arrival: ar
             record.end = r.finished_at
         else:
             record.error = probe_metrics.ErrorClass.CONNECTION
-            record.end = sched.now
+            record.end = now
         records.append(record)
-    ends = [r.finished_at for r in done if r.finished_at is not None] or [sched.now]
+    ends = [r.finished_at for r in done if r.finished_at is not None] or [now]
     metrics = probe_metrics.calculate_metrics(records, max(ends), goodput_ms)
-    return Evaluation(config, status, message, metrics, agreement, plan.capacity_tokens, records)
+    return Evaluation(config, status, message, metrics, agreement, plan.capacity_tokens * replicas, records)
 
 
 # --------------------------------------------------------------------------- SLO targets over many configurations

@@ -29,10 +29,17 @@ Formulas (N = new tokens, P = tokens already in the context, L = layers, A = ``M
   send the share of tokens routed to experts on other hosts over RoCE.  One host (``nodes=1``) adds exactly nothing,
   so single-host numbers are the same as without the term.
 
+* Data-parallel attention groups of a MoE model (``Deployment.data_parallel`` > 1, vllm-ascend's Multi-Node-DP
+  layout): every DP group holds and reads its own copy of the always-active weights over its TP chips, the routed
+  experts are split over all chips, and a request's KV lives in its own group (``kv_shards`` grows with DP: MLA's
+  latent, which TP replicates, is split by DP).  The instance's ranks step together (MoE), their work taken as
+  balanced.  One DP group gives exactly the plain numbers.
+
 Not modelled: communication bandwidth inside a host (a long prefill's all-to-all over HCCS), overlap of
-communication with compute (DeepSeek's two-micro-batch overlap), the attention weights an expert-parallel group
-replicates over its data-parallel ranks (weights split evenly over all chips), chunking of long prefills into
-several steps (one step overhead per prefill), prefix caching, speculative decoding, pipeline parallelism.
+communication with compute (DeepSeek's two-micro-batch overlap), the imbalance of DP ranks that step together (a
+long prefill on one rank holds the others' step; the model spreads every step's work evenly), chunking of long
+prefills into several steps (one step overhead per prefill), prefix caching, speculative decoding, pipeline
+parallelism.
 Tensor parallelism is assumed to scale perfectly inside a host, so chip counts derived from it are lower bounds.
 """
 
@@ -181,12 +188,20 @@ DEFAULT_EFFICIENCY = _efficiency(data.load("profiles")["efficiency"])
 class Deployment:
     """One serving instance: ``chips`` NPUs of one kind spread evenly over ``nodes`` hosts.
 
-    Without ``expert_parallel`` the chips are one tensor-parallel group (``tensor_parallel`` must be 0 or
-    ``chips``).  With it (a MoE model; vllm-ascend ``--enable-expert-parallel``, experts sharded over all chips),
-    attention runs in data-parallel groups of ``tensor_parallel`` chips (0: the largest divisor of ``chips`` that fits
-    in one host, vllm-ascend's Multi-Node-DP layout with TP inside a node).  Weights are split evenly over all chips
-    either way.  ``nodes`` only adds the cross-host term (``cross_host_seconds``); the time and memory of the chips
-    themselves do not depend on where they sit.
+    Without ``expert_parallel`` the chips are one tensor-parallel group (``tensor_parallel`` 0 or ``chips``).  With it
+    (a MoE model; vllm-ascend ``--enable-expert-parallel``, experts sharded over all chips), attention runs in
+    data-parallel groups of ``tensor_parallel`` chips (0: the largest divisor of ``chips`` that fits in one host,
+    vllm-ascend's Multi-Node-DP layout with TP inside a node).  A MoE model's DP groups without expert parallel
+    (``tensor_parallel`` < ``chips``) are vLLM's other MoE layout: the experts' weights tensor-parallel over all DP x TP
+    chips (vLLM ``FusedMoEParallelConfig.make``, "flatten_tp_across_dp"), hidden states all-gathered over the DP
+    ranks before each MoE layer and reduce-scattered after.  Either way the DP ranks of a MoE model step together.
+
+    Data parallel groups (``data_parallel`` > 1; a dense model's DP ranks are separate replicas, not one
+    Deployment): the routed experts are split over all chips, what every token runs (attention, dense layers, shared
+    experts, embeddings: ``Model.always_active_params_b``) is held by every DP group over its TP chips, and a request's
+    KV cache lives in one DP group only (``kv_shards``).  The scheduler's figures are the instance's (its DP ranks'
+    together), taken as balanced over the ranks.  With one DP group (every single-host layout of one TP group) all of
+    this is the plain TP arithmetic, to the bit.  ``nodes`` only adds the cross-host term (``cross_host_seconds``).
     """
 
     chip: Chip
@@ -208,9 +223,10 @@ class Deployment:
         if self.tensor_parallel:
             if self.tensor_parallel < 1 or self.chips % self.tensor_parallel:
                 raise UsageError(f"tensor_parallel ({self.tensor_parallel}) must divide chips ({self.chips})")
-            if self.tensor_parallel != self.chips and not self.experts_sharded:
-                raise UsageError(f"tensor_parallel ({self.tensor_parallel}) must equal chips ({self.chips}) without "
-                                 "expert parallel: the chips are one tensor-parallel group")
+            if self.tensor_parallel != self.chips and not self.model.is_moe:
+                raise UsageError(f"tensor_parallel ({self.tensor_parallel}) must equal chips ({self.chips}) for a "
+                                 f"dense model: its chips are one tensor-parallel group (its data-parallel ranks "
+                                 f"are separate replicas)")
         if not 0 < self.memory_utilization <= 1:
             raise UsageError(f"gpu_memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if self.weight_bytes <= 0:
@@ -240,6 +256,16 @@ class Deployment:
         if per_node >= self.chips:
             return self.chips
         return max(t for t in range(1, per_node + 1) if self.chips % t == 0)
+
+    @property
+    def data_parallel(self) -> int:
+        """DP groups of the attention (1: the chips are one TP group)."""
+        return self.chips // self.tensor_parallel_size
+
+    @property
+    def experts_flattened(self) -> bool:
+        """A MoE model in DP groups without expert parallel: its experts tensor-parallel over every chip."""
+        return self.model.is_moe and not self.experts_sharded and self.data_parallel > 1
 
     @property
     def tensor_parallel_nodes(self) -> int:
@@ -330,13 +356,37 @@ def model_by_name(name: str) -> Model:
 
 
 def weights_bytes(d: Deployment) -> float:
-    """All weights, summed over the group (each chip holds 1/chips of them)."""
+    """All weights of the model, once (each chip holds 1/chips of them in one TP group)."""
     return d.model.total_params_b * GB * d.weight_bytes
 
 
+def weights_bytes_per_chip(d: Deployment) -> float:
+    """The weights each chip holds: 1/chips of them in one TP group; in DP groups the routed experts / chips plus
+    every DP group's own copy of the always-active weights / TP (Deployment's docstring)."""
+    if d.data_parallel == 1:
+        return weights_bytes(d) / d.chips
+    always = d.model.always_active_params_b * GB * d.weight_bytes
+    return always / d.tensor_parallel_size + (weights_bytes(d) - always) / d.chips
+
+
 def kv_shards(d: Deployment) -> int:
-    """How many ways the KV cache splits over the group (the rest of the ranks hold copies)."""
-    return d.chips if d.model.kv_heads is None else max(1, min(d.chips, d.model.kv_heads))
+    """How many ways the KV cache splits over the group (the rest of the ranks hold copies).  In DP groups a
+    request's KV lives in its group only, split as over a TP group of that size: DP x that, on average per chip."""
+    if d.data_parallel == 1:
+        return d.chips if d.model.kv_heads is None else max(1, min(d.chips, d.model.kv_heads))
+    tp = d.tensor_parallel_size
+    return d.data_parallel * (tp if d.model.kv_heads is None else max(1, min(tp, d.model.kv_heads)))
+
+
+def rank_kv_bytes_per_token_per_chip(d: Deployment) -> float:
+    """KV bytes a token of one request takes on each chip of its own DP group (all of them in one TP group)."""
+    per_chip = kv_bytes_per_token_per_chip(d)
+    return per_chip if d.data_parallel == 1 else per_chip * d.data_parallel
+
+
+def rank_capacity_tokens(d: Deployment, capacity: int) -> int:
+    """Of an instance's KV capacity (tokens), what one DP group holds: the longest request it can serve."""
+    return capacity if d.data_parallel == 1 else capacity // d.data_parallel
 
 
 def kv_bytes_per_token_per_chip(d: Deployment) -> float:
@@ -345,7 +395,7 @@ def kv_bytes_per_token_per_chip(d: Deployment) -> float:
 
 def kv_budget_bytes_per_chip(d: Deployment) -> float:
     """HBM each chip has left for KV after weights and workspace; <= 0 means nothing."""
-    return (d.chip.hbm_gb * GB * d.memory_utilization - weights_bytes(d) / d.chips
+    return (d.chip.hbm_gb * GB * d.memory_utilization - weights_bytes_per_chip(d)
             - d.efficiency.workspace_gb * GB)
 
 
@@ -360,7 +410,7 @@ def kv_capacity_tokens(d: Deployment) -> int:
 
 def _oom_message(d: Deployment) -> str:
     # Loading fills HBM layer by layer; the allocation that fails is the next layer's shard.
-    per_chip = weights_bytes(d) / d.chips
+    per_chip = weights_bytes_per_chip(d)
     capacity = d.chip.hbm_gb * GB
     shard = per_chip / d.model.layers
     allocated = math.floor(capacity / shard) * shard if shard < capacity else 0.0
@@ -386,20 +436,20 @@ NO_CACHE_MEMORY = ("ValueError: No available memory for the cache blocks. Try in
 def check_fits(d: Deployment, max_model_len: int | None = None) -> int:
     """KV capacity in tokens, or DoesNotFit in the engine's words when the engine would refuse to start."""
     needed_len = d.model.max_model_len if max_model_len is None else max_model_len
-    if weights_bytes(d) / d.chips > d.chip.hbm_gb * GB:
+    if weights_bytes_per_chip(d) > d.chip.hbm_gb * GB:
         raise DoesNotFit(_oom_message(d), reason="weights")
     budget = kv_budget_bytes_per_chip(d)
     if budget <= 0:
         raise DoesNotFit(NO_CACHE_MEMORY, reason="no_cache_memory")
     capacity = kv_capacity_tokens(d)
-    if capacity < needed_len:
-        needed = needed_len * kv_bytes_per_token_per_chip(d)
+    if rank_capacity_tokens(d, capacity) < needed_len:
+        needed = needed_len * rank_kv_bytes_per_token_per_chip(d)
         raise DoesNotFit(
             f"ValueError: To serve at least one request with the model's max seq len ({needed_len}), "
             f"{needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
             f"({budget / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
-            f"{capacity}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-            f"initializing the engine.",
+            f"{rank_capacity_tokens(d, capacity)}. Try increasing `gpu_memory_utilization` or decreasing "
+            f"`max_model_len` when initializing the engine.",
             reason="max_model_len", capacity_tokens=capacity)
     return capacity
 
@@ -453,6 +503,15 @@ def touched_params(model: Model, tokens: int) -> float:
     routed_total = model.total_params_b - always
     touched_share = 1 - (1 - model.experts_per_token / model.experts) ** tokens
     return (always + routed_total * touched_share) * GB
+
+
+def touched_weight_bytes_per_chip(d: Deployment, tokens: int) -> float:
+    """Weight bytes each chip reads in a step over ``tokens`` tokens: the touched weights / chips; in DP groups each
+    group reads its own copy of the always-active weights over its TP chips (the routed experts stay / chips)."""
+    if d.data_parallel == 1 or tokens <= 0:
+        return touched_params(d.model, tokens) * d.weight_bytes / d.chips
+    always = d.model.always_active_params_b * GB
+    return (always / d.tensor_parallel_size + (touched_params(d.model, tokens) - always) / d.chips) * d.weight_bytes
 
 
 def prefill_flops(model: Model, new_tokens: int, context_tokens: int = 0) -> float:
@@ -516,7 +575,7 @@ class CrossHost:
     hosts, and the expert-parallel dispatch + combine all-to-alls.  All zero within one host."""
 
     all_reduce_s: float = 0.0
-    all_to_all_s: float = 0.0
+    all_to_all_s: float = 0.0     # the MoE layers' exchange: all-to-all (EP) or all-gather + reduce-scatter (DP)
     bytes_per_chip: float = 0.0   # sent over each chip's own inter-host port in the step (one direction)
 
     @property
@@ -545,6 +604,13 @@ def cross_host_seconds(d: Deployment, tokens: int) -> CrossHost:
           bytes = tokens / chips x H x b x k x 2 (dispatch + combine) x (n - 1) / n      per chip and MoE layer
           time  = M x (bytes / RoCE + 2 x latency)
       Copies to several experts on one rank count k times (an upper bound: DeepEP sends a token once per rank).
+    * MoE all-gather + reduce-scatter (DP groups without expert parallel, ``Deployment.experts_flattened``): vLLM's
+      naive dispatch all-gathers every DP rank's hidden states before each MoE layer and reduce-scatters the result
+      after it, over the DP group of each TP rank (vLLM ``FusedMoEParallelConfig``: all2all backends "naive",
+      "allgather_reducescatter").  Each chip receives the tokens of the DP ranks on other hosts and sends its own
+      sums back; taken as (n - 1) / n of the step's tokens each way:
+          bytes = tokens x H x b x 2 x (n - 1) / n                                        per chip and MoE layer
+          time  = M x (bytes / RoCE + 2 (n - 1) x latency)
     * Tensor-parallel all-reduce, only when a TP group spans hosts (TP > c; vLLM: one after attention and one after
       the MLP per layer; with expert parallel the MoE layers' second one is the all-to-all instead).  HCCL is
       hierarchical: an intra-server stage, then an inter-server algorithm (ring / RHD) between servers (CANN HCCL
@@ -568,13 +634,18 @@ def cross_host_seconds(d: Deployment, tokens: int) -> CrossHost:
         per_layer = tokens / d.chips * hidden * m.experts_per_token * 2 * remote
         all_to_all = m.moe_layer_count * (per_layer / link + 2 * latency)
         moved += m.moe_layer_count * per_layer
+    elif d.experts_flattened:
+        remote = (d.nodes - 1) / d.nodes
+        per_layer = tokens * hidden * 2 * remote
+        all_to_all = m.moe_layer_count * (per_layer / link + 2 * (d.nodes - 1) * latency)
+        moved += m.moe_layer_count * per_layer
     tp_nodes = d.tensor_parallel_nodes
     if tp_nodes > 1:
         data_parallel = d.chips // d.tensor_parallel_size
         message = tokens / data_parallel * hidden
         per_reduce = 2 * (tp_nodes - 1) / tp_nodes * message / min(d.tensor_parallel_size, d.chips_per_node)
         dense_layers = m.layers - m.moe_layer_count
-        reduces = 2 * dense_layers + (1 if d.experts_sharded else 2) * m.moe_layer_count
+        reduces = 2 * dense_layers + (1 if d.experts_sharded or d.experts_flattened else 2) * m.moe_layer_count
         all_reduce = reduces * (per_reduce / link + 2 * (tp_nodes - 1) * latency)
         moved += reduces * per_reduce
     return CrossHost(all_reduce_s=all_reduce, all_to_all_s=all_to_all, bytes_per_chip=moved)
@@ -604,7 +675,7 @@ def step_seconds(d: Deployment, prefill_tokens: int, prefill_context: int, decod
         return 0.0
     flops = (prefill_flops(d.model, prefill_tokens, prefill_context) if prefill_tokens else 0.0) \
         + (decode_flops(d.model, decode_batch, decode_kv_tokens, d.kv_keep_fraction) if decode_batch else 0.0)
-    bytes_per_chip = (touched_params(d.model, tokens) * d.weight_bytes / d.chips
+    bytes_per_chip = (touched_weight_bytes_per_chip(d, tokens)
                       + (prefill_context + decode_kv_tokens) * kv_bytes_per_token_per_chip(d) * kv_factor)
     compute_s = flops / (d.chips * peak_flops(d) * d.efficiency.compute)
     memory_s = bytes_per_chip / (d.chip.hbm_bandwidth_gbs * GB * d.efficiency.bandwidth)
@@ -712,26 +783,26 @@ def reserved_bytes(d: Deployment, enforce_eager: bool = False) -> float:
 
 def profiled_kv_budget_bytes_per_chip(d: Deployment, activation_peak: float, enforce_eager: bool = False) -> float:
     """KV = HBM x utilisation - weights / chips - activation peak - reserved (per chip); <= 0: nothing."""
-    return (d.chip.hbm_gb * GB * d.memory_utilization - weights_bytes(d) / d.chips - activation_peak
+    return (d.chip.hbm_gb * GB * d.memory_utilization - weights_bytes_per_chip(d) - activation_peak
             - reserved_bytes(d, enforce_eager))
 
 
 def check_profiled(d: Deployment, max_model_len: int, activation_peak: float, enforce_eager: bool = False) -> int:
     """KV capacity in tokens after vLLM's profiling arithmetic, or DoesNotFit in vLLM's words."""
-    if weights_bytes(d) / d.chips > d.chip.hbm_gb * GB:
+    if weights_bytes_per_chip(d) > d.chip.hbm_gb * GB:
         raise DoesNotFit(_oom_message(d), reason="weights")
     budget = profiled_kv_budget_bytes_per_chip(d, activation_peak, enforce_eager)
     if budget <= 0:
         raise DoesNotFit(NO_CACHE_MEMORY, reason="no_cache_memory")
     capacity = math.floor(budget / kv_bytes_per_token_per_chip(d))
-    if capacity < max_model_len:
-        needed = max_model_len * kv_bytes_per_token_per_chip(d)
+    if rank_capacity_tokens(d, capacity) < max_model_len:
+        needed = max_model_len * rank_kv_bytes_per_token_per_chip(d)
         raise DoesNotFit(
             f"ValueError: To serve at least one request with the model's max seq len ({max_model_len}), "
             f"{needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
             f"({budget / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
-            f"{capacity}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-            f"initializing the engine.",
+            f"{rank_capacity_tokens(d, capacity)}. Try increasing `gpu_memory_utilization` or decreasing "
+            f"`max_model_len` when initializing the engine.",
             reason="max_model_len", capacity_tokens=capacity)
     return capacity
 
@@ -773,6 +844,8 @@ def step_activation_bytes(d: Deployment, step_tokens: int, sequences: int, longe
     (FUSED_ATTENTION_MASK_BYTES, whatever the length) instead of materialising chunk x sequence rows."""
     mask = FUSED_ATTENTION_MASK_BYTES if fused_mask and longest_chunk else \
         attention_mask_bytes(longest_chunk, longest_sequence)
+    if d.data_parallel > 1:  # each chip runs its own DP group's share of the step (balanced)
+        step_tokens, sequences = -(-step_tokens // d.data_parallel), -(-sequences // d.data_parallel)
     return step_tokens * activation_bytes_per_token(d) + mask + logits_bytes(d, sequences)
 
 
@@ -792,7 +865,7 @@ def malloc_failure(d: Deployment, need: float, limit: float) -> str:
 
 
 def parallel_problem(model: Model, tensor_parallel: int, data_parallel: int = 1, expert_parallel: bool = False,
-                     visible: int | None = None) -> str | None:
+                     visible: int | None = None, nodes: int = 1) -> str | None:
     """vLLM's refusal of a parallel layout, in its words, or None.
 
     * heads % tp: vllm/config ModelConfig.verify_with_parallel_config "Total number of attention heads (28)
@@ -802,7 +875,8 @@ def parallel_problem(model: Model, tensor_parallel: int, data_parallel: int = 1,
     * experts % ep with --enable-expert-parallel (ep = tp x dp): inferred from vllm-ascend's expert map, which
       gives each rank experts / ep; the wording is Proposed;
     * world size: "please ensure that world_size (N) is less than than max local gpu count (M)" (vLLM, typo
-      included).
+      included); over ``nodes`` hosts each node runs TP x DP / nodes ranks on its own ``visible`` NPUs (vllm-ascend
+      Multi-Node-DP: ``--data-parallel-size-local``), so that is what must fit.
     """
     if model.num_heads and model.num_heads % tensor_parallel:
         return (f"ValueError: Total number of attention heads ({model.num_heads}) must be divisible by tensor "
@@ -820,7 +894,7 @@ def parallel_problem(model: Model, tensor_parallel: int, data_parallel: int = 1,
         if model.experts % ep:
             return (f"AssertionError: Number of experts ({model.experts}) must be divisible by expert parallel "
                     f"size ({ep}).")
-    world = tensor_parallel * data_parallel
+    world = tensor_parallel * data_parallel // max(1, nodes)
     if visible is not None and world > visible:
         return (f"RuntimeError: please ensure that world_size ({world}) is less than than max local gpu count "
                 f"({visible})")

@@ -268,17 +268,33 @@ def judge_probe(slos: Sequence[slo_mod.Slo], metrics: Mapping[str, Any]) -> Prob
 # --------------------------------------------------------------------------- the ceiling
 
 
-def throughput_bound(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, npus: int) -> float | None:
+def throughput_bound(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, npus: int,
+                     weight_bytes: float = 2.0, nodes: int = 1, tensor_parallel: int = 0,
+                     expert_parallel: bool = False, moe: bool | None = None) -> float | None:
     """Estimate's roofline throughput (req/s) of one instance with its KV cache full of these requests; None when
-    the model does not fit (nothing to bound)."""
+    the model does not fit (nothing to bound).
+
+    A layout over ``nodes`` hosts with ``tensor_parallel`` < ``npus``: a MoE model (``moe``) runs its DP groups as one
+    instance of all the NPUs (estimate's ``tensor_parallel``, ``expert_parallel``, ``nodes``); a dense model's DP
+    groups are npus / tensor_parallel replicas of one TP group, each inside a host."""
     from dsctl.core.load import limits
     from dsctl.core.perf import estimate
 
-    first = estimate.estimate(chip, model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, chips=npus)
+    if tensor_parallel and tensor_parallel < npus and not moe:
+        one = throughput_bound(chip=chip, model=model, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                               npus=tensor_parallel, weight_bytes=weight_bytes)
+        return None if one is None else one * (npus // tensor_parallel)
+    layout: dict[str, Any] = {}
+    if weight_bytes != 2.0:
+        layout["weight_bytes"] = weight_bytes
+    if nodes > 1 or tensor_parallel or expert_parallel:
+        layout.update(nodes=nodes, tensor_parallel=tensor_parallel, expert_parallel=bool(expert_parallel and moe))
+    first = estimate.estimate(chip, model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, chips=npus,
+                              **layout)
     if not first.fits or first.max_concurrency < 1:
         return None
     full = estimate.estimate(chip, model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, chips=npus,
-                             concurrency=min(first.max_concurrency, limits.MAX_CONCURRENCY))
+                             concurrency=min(first.max_concurrency, limits.MAX_CONCURRENCY), **layout)
     return full.output_tokens_per_s / output_tokens
 
 

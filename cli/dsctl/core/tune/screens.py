@@ -50,11 +50,23 @@ def check(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, slos
 
 def roofline_screen(*, chip: str, model: str, prompt_tokens: int, output_tokens: int, slos: Sequence[slo_mod.Slo],
                     npus_per_instance: int, weight_bytes: float = 2.0) -> Callable[[Candidate], str | None]:
-    """A `Search` screen over `check` (chips = the candidate's tensor_parallel_size, else the instance's NPUs)."""
+    """A `Search` screen over `check` (chips = the candidate's tensor_parallel_size, else the instance's NPUs; a MoE
+    model's DP groups: all TP x DP chips, which it runs as one instance -- as one TP group of them here, whose
+    per-chip weights and single-request times bound every layout of those chips from below)."""
     cache: dict[tuple[int, float], str | None] = {}
+    from dsctl.core.perf import perfmodel
+    from dsctl.errors import DsctlError
+
+    try:
+        moe = perfmodel.model_by_name(model).is_moe
+    except DsctlError:
+        moe = False
 
     def screen(candidate: Candidate) -> str | None:
         chips = int(candidate.fields.get("tensor_parallel_size") or npus_per_instance)
+        data_parallel = int(candidate.fields.get("data_parallel_size") or 1)
+        if moe and data_parallel > 1:
+            chips *= data_parallel
         utilization = float(candidate.params.get("gpu_memory_utilization", 0.9))
         key = (chips, utilization)
         if key not in cache:

@@ -14,6 +14,13 @@ parameters the service gets (knob -> registry name, ratios resolved), `SearchSpa
 (maxPrefillBatchSize <= maxBatchSize, tp x dp = NPUs of the instance); ``derived`` parameters follow from knobs
 (the fixed-batch space's max_num_seqs = batch_size x stream_num).
 
+The layout of an instance over ``nodes`` hosts (vllm-ascend Multi-Node-DP, multi-node.md): one ``vllm serve`` per
+node, TP x local DP = the node's NPUs, so tensor_parallel_size takes the divisors of one node's NPUs and
+data_parallel_size = the instance's NPUs / tp (a multiple of nodes).  A knob marked ``experts`` (vllm-ascend's
+enable_expert_parallel) is searched only for a MoE model (``moe=True``) over several hosts: vLLM ignores it on a
+dense model, and inside one host dsctl's model gives it no effect (in-host collectives are a fixed latency), so
+there it would only spend the budget.
+
 Overrides (``--param``, also from the inventory)::
 
     --param max_num_seqs=16:256        narrow (or extend) a range; ints stay ints
@@ -59,6 +66,7 @@ class Knob:
     parallel: bool = False
     unset: Any = None  # the engine's value when the parameter is left out
     source: str = ""
+    experts: bool = False  # a MoE layout knob (enable_expert_parallel): searched for MoE models over several hosts
 
     @property
     def values(self) -> tuple[Any, ...]:
@@ -156,6 +164,11 @@ class SearchSpace:
     fixed: Mapping[str, Any] = field(default_factory=dict)  # the service's current params (constraint context)
     vllm_ascend: str | None = None  # the host's release (version gates)
     derived: tuple[Derived, ...] = ()
+    nodes: int = 1  # hosts one instance spans (npus_per_instance / nodes NPUs each)
+
+    @property
+    def npus_per_node(self) -> int | None:
+        return None if self.npus_per_instance is None else self.npus_per_instance // self.nodes
 
     def knob(self, name: str) -> Knob:
         for knob in self.knobs:
@@ -339,7 +352,7 @@ def _knob(space: str, name: str, spec: Mapping[str, Any], lossy_params: Sequence
                 log=bool(spec.get("log", False)), step=spec.get("step"), choices=tuple(spec.get("choices") or ()),
                 ratio_of=spec.get("ratio_of"), lossy=bool(spec.get("lossy", False)) or param in lossy_params,
                 parallel=bool(spec.get("parallel", False)), unset=spec.get("unset"),
-                source=str(spec.get("source", "")))
+                source=str(spec.get("source", "")), experts=bool(spec.get("experts", False)))
     _check_shape(where, knob)
     return knob
 
@@ -362,9 +375,10 @@ def _check_shape(where: str, knob: Knob) -> None:
 
 def resolve_space(name: str, *, vllm_ascend: str | None = None, npus_per_instance: int | None = None,
                   params: Mapping[str, Any] | None = None, overrides: Sequence[str] = (),
-                  spaces: Mapping[str, Any] | None = None) -> SearchSpace:
+                  spaces: Mapping[str, Any] | None = None, nodes: int = 1, moe: bool | None = None) -> SearchSpace:
     """The named space for a service: knobs checked against the registry and version-gated (dropped with a note),
-    the parallel knob expanded to the divisors of ``npus_per_instance``, then ``overrides`` (``--param``) applied.
+    the parallel knob expanded to the divisors of ``npus_per_instance`` (over ``nodes`` hosts: of one node's NPUs),
+    ``experts`` knobs kept for a MoE model (``moe``) over several hosts, then ``overrides`` (``--param``) applied.
 
     ``params`` are the service's current engine parameters (constraint context and baseline).  ``spaces`` replaces
     the data file (tests).  Raises `UsageError` for an unknown space or a bad override."""
@@ -389,7 +403,10 @@ def resolve_space(name: str, *, vllm_ascend: str | None = None, npus_per_instanc
             if npus_per_instance is None:
                 notes.append(f"{knob.name}: the instance's NPU count is not known; not searched")
                 continue
-            choices = _divisors(npus_per_instance) if _has_data_parallel(engine) else (npus_per_instance,)
+            if nodes > 1 and _has_data_parallel(engine):  # TP x local DP = one node's NPUs
+                choices = _divisors(npus_per_instance // nodes)
+            else:
+                choices = _divisors(npus_per_instance) if _has_data_parallel(engine) else (npus_per_instance,)
             if len(choices) < 2:
                 notes.append(f"{knob.name}: only {choices[0]} fits {npus_per_instance} NPU(s); not searched")
                 continue
@@ -398,6 +415,13 @@ def resolve_space(name: str, *, vllm_ascend: str | None = None, npus_per_instanc
         entry = known.get(knob.param)
         if entry is None:
             notes.append(f"{knob.name}: {engine} has no parameter {knob.param} in engine_params.yaml; dropped")
+            continue
+        if knob.experts and not (moe and nodes > 1):
+            if moe is False and nodes > 1:
+                notes.append(f"{knob.name}: a dense model has no experts to shard; not searched")
+            elif moe and nodes <= 1:
+                notes.append(f"{knob.name}: no modelled effect inside one host (in-host collectives are a fixed "
+                             f"latency); searched with --nodes > 1")
             continue
         gate = service._gate_problem(engine, entry, vllm_ascend)
         if gate:
@@ -410,7 +434,7 @@ def resolve_space(name: str, *, vllm_ascend: str | None = None, npus_per_instanc
     derived = tuple(_derived(name, param, rule, known) for param, rule in (spec.get("derived") or {}).items())
     space = SearchSpace(name=name, engine=engine, knobs=tuple(knobs), constraints=constraints, notes=tuple(notes),
                         npus_per_instance=npus_per_instance, fixed=dict(params or {}), vllm_ascend=vllm_ascend,
-                        derived=derived)
+                        derived=derived, nodes=max(1, nodes))
     for text in overrides:
         space = apply_override(space, parse_override(text), vllm_ascend=vllm_ascend, lossy_params=lossy_params)
     return space
@@ -524,8 +548,10 @@ def apply_override(space: SearchSpace, override: Override, *, vllm_ascend: str |
         choices = tuple(_number(v, override, "int") for v in override.values)
         for tp in choices:
             if tp not in existing.choices:
-                raise _param_error(override.text, f"{existing.name} {tp} does not divide the instance's "
-                                                  f"{space.npus_per_instance} NPUs; use one of "
+                where = (f"one node's {space.npus_per_node} NPUs (TP x local DP = a node's NPUs over the instance's "
+                         f"{space.nodes} hosts)" if space.nodes > 1 else
+                         f"the instance's {space.npus_per_instance} NPUs")
+                raise _param_error(override.text, f"{existing.name} {tp} does not divide {where}; use one of "
                                                   f"{','.join(map(str, existing.choices))}")
         return _replace_knob(space, existing, replace(existing, choices=choices))
     param = existing.param if existing is not None else override.name
