@@ -9,13 +9,20 @@ not a checkpoint): ``--max-num-seqs``, ``--max-num-batched-tokens``,
 ``--disable-uvicorn-access-log``; the CANN 8.0 practice knobs
 ``--stream-num`` and ``--kv-sparse-threshold``; and the emulation's own
 ``--chip``, ``--time-scale``, ``--seed``, ``--jitter``, ``--startup``,
-``--record``, ``--profile-json``.
+``--record``, ``--profile-json``.  Multi-node data parallel: ``--data-parallel-size-local``,
+``--data-parallel-start-rank``, ``--data-parallel-address``, ``--data-parallel-rpc-port``,
+``--headless``, ``--api-server-count`` (and the forms vLLM has but the emulation refuses as
+not modelled: ``--data-parallel-rank``, ``--data-parallel-hybrid-lb``, ``--data-parallel-backend ray``).
 
 Start-up, in the order vLLM does it: validate the configuration, bind the
 port (not yet listening), "load the weights" (sleep ``startup x time-scale``),
 check memory (an impossible configuration exits 1 here with vLLM's / torch_npu's
 message, never having listened), log the KV capacity lines, then listen and
-print uvicorn's lines.  /health answers 200 from then on.
+print uvicorn's lines.  /health answers 200 from then on.  An instance over
+several nodes (dsctl.engine.cluster): the head binds its DP handshake address
+before loading and, once loaded, waits for every remote rank's HELLO, HCCL link
+and READY (HCCL_CONNECT_TIMEOUT) before it listens; a ``--headless`` node joins
+it and serves no API.
 """
 
 from __future__ import annotations
@@ -83,6 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     serve.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    # Multi-node data parallel (vLLM "Data Parallel Deployment"; names, short forms and types of vLLM's
+    # arg_utils.py and cli_args.py; rules and failures: dsctl.engine.cluster).
+    serve.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None,
+                       help="Number of data parallel replicas to run on this node.")
+    serve.add_argument("--data-parallel-start-rank", "-dpr", type=int, default=None,
+                       help="Starting data parallel rank for secondary nodes.")
+    serve.add_argument("--data-parallel-address", "-dpa", type=str, default=None,
+                       help="Address of data parallel cluster head-node.")
+    serve.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=None,
+                       help="Port for data parallel RPC communication.")
+    serve.add_argument("--data-parallel-rank", "-dpn", type=int, default=None,
+                       help="Data parallel rank of this instance. When set, enables external load balancer mode "
+                            "(not modelled: refused).")
+    serve.add_argument("--data-parallel-backend", "-dpb", type=str, default="mp",
+                       help='Backend for data parallel, either "mp" or "ray" (only "mp" is modelled).')
+    serve.add_argument("--data-parallel-hybrid-lb", action=argparse.BooleanOptionalAction, default=False,
+                       help="Hybrid data-parallel load balancing (not modelled: refused).")
+    serve.add_argument("--headless", action="store_true", default=False,
+                       help="Run in headless mode. See multi-node data parallel documentation for more details.")
+    serve.add_argument("--api-server-count", "-asc", type=int, default=1,
+                       help="How many API server processes to run (the emulation serves from one).")
     serve.add_argument("--enable-expert-parallel", action="store_true")
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                        help="Reuse the KV blocks of prompt prefixes seen before (vLLM V1's prefix cache).")
@@ -167,6 +195,7 @@ def _check_record(path: str) -> None:
 def _plan(args: argparse.Namespace, perfmodel: Any) -> dict[str, Any]:
     """Validate the configuration; everything the engine needs to start, or StartupError."""
     from dsctl.core.perf import engine_config
+    from dsctl.engine import cluster
 
     model_name = args.model or args.model_tag
     if not model_name:
@@ -194,7 +223,15 @@ def _plan(args: argparse.Namespace, perfmodel: Any) -> dict[str, Any]:
         raise StartupError("ValueError: additional_config pa_shape_list must be a list of integers")
     fixed = args.stream_num is not None or args.batch_size is not None
     visible, raw_visible = _visible_npus()
+    try:
+        layout = cluster.layout(args, cluster.visible_devices(os.environ, visible))
+    except cluster.LayoutError as exc:
+        raise StartupError(str(exc)) from None
+    # Over several hosts the config is the whole instance's (its DP ranks step together), so the cross-host cost
+    # enters the step times: EngineConfig.nodes, when the perf model has it.
+    spans = {"nodes": layout.nodes} if layout is not None and "nodes" in _config_fields(engine_config) else {}
     config = engine_config.EngineConfig(
+        **spans,
         model=model_name, chip=args.chip, mode=engine_config.FIXED_BATCH if fixed else engine_config.CONTINUOUS,
         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel, max_num_seqs=args.max_num_seqs,
@@ -248,7 +285,13 @@ def _plan(args: argparse.Namespace, perfmodel: Any) -> dict[str, Any]:
     return {"model_name": model_name, "chip": d.chip, "model": d.model, "deployment": d, "keep": keep,
             "max_model_len": max_model_len, "batched": batched, "startup": startup,
             "modelled_startup": modelled_startup, "visible": visible, "raw_visible": raw_visible,
-            "config": config, "started": started, "failure": failure}
+            "config": config, "started": started, "failure": failure, "layout": layout}
+
+
+def _config_fields(engine_config: Any) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(engine_config.EngineConfig)}
 
 
 def _failure_delay(plan: dict[str, Any], exc: Any, perfmodel: Any) -> float:
@@ -300,7 +343,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from dsctl.engine import cann, profiles, server
+    from dsctl.engine import cann, cluster, profiles, server
     from dsctl.engine.metrics import EngineMetrics
 
     server.configure_logging()
@@ -317,38 +360,152 @@ def serve(args: argparse.Namespace) -> int:
     (logger.info if found.version else logger.warning)("%s", found.log_line())
     plan["cann"] = found
     cann.load_runtime(found)
+    layout = plan["layout"]
+    node = None
+    if layout is not None:
+        node = _cluster_node(args, layout, found.version, cluster)
+        if isinstance(node, cluster.Worker):
+            return _serve_headless(args, plan, perfmodel, node)
     host = args.host if args.host is not None else "0.0.0.0"
     try:
         sock = _bind(host, args.port)  # vLLM binds before building the engine, and listens only once it is up
     except OSError as exc:
         return _fail(f"OSError: [Errno {exc.errno}] {exc.strerror}")
+    status = 1
     try:
-        return _start(args, plan, perfmodel, sock, host, server, EngineMetrics)
+        if node is not None:
+            try:
+                node.open()  # the DP handshake address, bound before the engines start (vLLM launch_core_engines)
+            except cluster.ClusterError as exc:
+                return _fail(str(exc))
+        status = _start(args, plan, perfmodel, sock, host, server, EngineMetrics, node)
+        return status
     finally:
+        if node is not None:
+            node.close(graceful=status == 0)
         sock.close()
 
 
-def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock: socket.socket, host: str,
-           server: Any, metrics_cls: Any) -> int:
-    from dsctl.core.perf import engine_config
+def _cluster_node(args: argparse.Namespace, layout: Any, cann_version: str | None, cluster: Any) -> Any:
+    """This node's part of a multi-node instance: the head's coordinator (cluster.Head) or a headless
+    cluster.Worker, with HCCL's timeouts and the NPUs' RoCE addresses."""
+    timeouts, warnings = cluster.timeouts(os.environ, layout.tp, cann_version)
+    for warning in warnings:
+        logger.warning("%s", warning)
+    ips, problems = cluster.device_ips(layout.devices, os.environ)
+    ranks = layout.ranks
+    logger.info("Data parallel: %d ranks over %d nodes (TP %d, %s), this node DP rank(s) %d-%d (HCCL ranks %d-%d) "
+                "on NPU(s) %s, handshake at %s", layout.dp_size, layout.nodes, layout.tp,
+                "expert parallel" if layout.expert_parallel else "no expert parallel", layout.dp_ranks[0],
+                layout.dp_ranks[-1], ranks[0], ranks[-1], ",".join(map(str, layout.devices)), layout.handshake_address)
+    logger.info("HCCL: RoCE addresses %s; HCCL_CONNECT_TIMEOUT %d s; a step missing a rank fails after %s",
+                {device: ips.get(device, "none") for device in layout.devices}, timeouts.connect_s,
+                "never" if timeouts.stall_s is None else f"{timeouts.stall_s:g} s "
+                f"({'VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS' if timeouts.stall_by == 'rpc' else 'HCCL_EXEC_TIMEOUT'})")
 
+    def log(line: str) -> None:
+        (logger.error if "[ERROR]" in line or line.startswith("ERROR") else logger.info)("%s", line)
+
+    if layout.headless:
+        return cluster.Worker(layout=layout, ips=ips, ip_problems=problems, timeouts=timeouts,
+                              time_scale=args.time_scale, log=log, source_ip=os.environ.get("HCCL_IF_IP") or None)
+    return cluster.Head(layout=layout, ips=ips, ip_problems=problems, timeouts=timeouts, log=log)
+
+
+def _load(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, pause: Any) -> int | None:
+    """Load the weights (modelled time), or fail as the real engine does: None when loaded, else the exit status.
+    ``pause(seconds)`` sleeps and returns a fatal message that cut the sleep short (the DP handshake's)."""
     d = plan["deployment"]
     scale = args.time_scale
     logger.info("Starting to load model %s...", plan["model"].name)
     began = time.monotonic()
+    plan["began"] = began
     failure, started = plan["failure"], plan["started"]
     if failure is not None:
-        time.sleep(_failure_delay(plan, failure, perfmodel) * scale)
+        fatal = pause(_failure_delay(plan, failure, perfmodel) * scale)
+        if fatal is not None:
+            return _fail(fatal)
         logger.error("EngineCore failed to start.")
         return _fail(f"{failure.message}\nRuntimeError: Engine core initialization failed. See root cause above. "
                      f"Failed core proc(s): {{}}")
     init_s = d.efficiency.init_s - (d.efficiency.capture_s if args.enforce_eager else 0.0)
     load_s = (plan["startup"] - init_s if args.startup is None else plan["startup"]) * scale
-    time.sleep(max(load_s, 0.0))
+    fatal = pause(max(load_s, 0.0))
+    if fatal is not None:
+        return _fail(fatal)
     weights_gib = perfmodel.weights_bytes(d) / d.chips / perfmodel.GIB
     logger.info("Loading weights took %.2f seconds", max(load_s, 0.0))
     logger.info("Model loading took %.4f GiB and %.6f seconds", weights_gib, time.monotonic() - began)
-    time.sleep(max(plan["startup"] * scale - (time.monotonic() - began), 0.0))
+    assert started is not None
+    return None
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(max(seconds, 0.0))
+
+
+def _serve_headless(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, worker: Any) -> int:
+    """A headless node (vLLM run_headless): its DP ranks join the head's instance and step with it; no API."""
+    layout = worker.layout
+    logger.info("Launching %d data parallel engine(s) in headless mode, with head node address %s.", layout.local,
+                layout.handshake_address)
+    failure = worker.handshake()
+    if failure is not None:
+        return _fail(failure)
+    logger.info("Received init message from front-end: data_parallel_size=%d", worker.dp_size)
+
+    def pause(seconds: float) -> None:
+        _sleep(seconds)
+
+    status = _load(args, plan, perfmodel, pause)
+    if status is not None:
+        return status
+    failure = worker.link()  # HCCL's links to the head's NPUs, then READY
+    if failure is not None:
+        return _fail(failure)
+    started = plan["started"]
+    _sleep(plan["startup"] * args.time_scale - (time.monotonic() - plan["began"]))
+    for line in started.log:
+        logger.info("%s", line)
+    logger.info("init engine (profile, create kv cache, warmup model) took %.2f seconds",
+                time.monotonic() - plan["began"])
+    logger.info("EngineCore_DP%d-%d ready: HCCL ranks %d-%d linked to the head; stepping with the instance",
+                layout.dp_ranks[0], layout.dp_ranks[-1], layout.ranks[0], layout.ranks[-1])
+    status = worker.serve()
+    logger.info("Shutting down.")
+    return status
+
+
+def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock: socket.socket, host: str,
+           server: Any, metrics_cls: Any, head: Any = None) -> int:
+    from dsctl.core.perf import engine_config
+
+    d = plan["deployment"]
+    scale = args.time_scale
+
+    def pause(seconds: float) -> str | None:
+        if head is None:
+            _sleep(seconds)
+            return None
+        return head.wait(seconds)
+
+    status = _load(args, plan, perfmodel, pause)
+    if status is not None:
+        return status
+    began, started = plan["began"], plan["started"]
+    if head is not None:
+        # HCCL's comm init: every remote rank links to this node's NPUs within HCCL_CONNECT_TIMEOUT, and every
+        # remote engine says READY, or nothing serves (vLLM's front-end waits for all engines before listening).
+        head.listen_devices()
+        logger.info("Waiting for %d remote rank(s) to link (HCCL_CONNECT_TIMEOUT %d s)", len(head.remote_ranks),
+                    head.timeouts.connect_s)
+        failure = head.join(head.timeouts.connect_wait_s * scale)
+        if failure is not None:
+            return _fail(failure)
+        logger.info("All %d ranks of the instance linked and ready", head.layout.world)
+    fatal = pause(plan["startup"] * scale - (time.monotonic() - began))
+    if fatal is not None:
+        return _fail(fatal)
     for line in started.log:
         logger.info("%s", line)
     blocks = started.capacity_tokens // args.block_size
@@ -385,11 +542,11 @@ def _start(args: argparse.Namespace, plan: dict[str, Any], perfmodel: Any, sock:
     logger.info("Starting vLLM API server 0 on %s", url)
     for path, methods in server.ROUTES.items():
         logger.info("Route: %s, Methods: %s", path, ", ".join(methods))
-    return asyncio.run(_run(server, scheduler, config, metrics, sock, host, args.port, url))
+    return asyncio.run(_run(server, scheduler, config, metrics, sock, host, args.port, url, head))
 
 
 async def _run(server: Any, scheduler: Any, config: Any, metrics: Any, sock: socket.socket, host: str, port: int,
-               url: str) -> int:
+               url: str, head: Any = None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -398,6 +555,8 @@ async def _run(server: Any, scheduler: Any, config: Any, metrics: Any, sock: soc
         except (NotImplementedError, RuntimeError):
             pass
     engine = server.Engine(scheduler, config, metrics)
+    if head is not None:
+        engine.cluster = head  # a step needs every rank: a lost one stalls the instance (server.Engine._stall)
     http = server.HttpServer(engine, config)
     pid = os.getpid()
 

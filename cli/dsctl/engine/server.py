@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsctl.core.perf.engine_sched import OutOfMemory, Request, Scheduler
+from dsctl.engine import cluster as cluster_mod
 from dsctl.engine import openai
 from dsctl.engine.metrics import EngineMetrics
 from dsctl.engine.text import SyntheticText, block_hashes, token_units
@@ -155,6 +156,8 @@ class Engine:
         self._window_generation = 0
         self.fatal: str | None = None  # the engine core died (out of memory under load): the process exits 1
         self.on_fatal: Any = None
+        # A multi-node instance's head (dsctl.engine.cluster.Head): every step needs all its ranks.
+        self.cluster: Any = None
 
     # virtual <-> wall, on the loop's monotonic clock
     def _virtual_to_mono(self, virtual: float) -> float:
@@ -185,7 +188,7 @@ class Engine:
     async def run(self) -> None:
         try:
             await self._run()
-        except OutOfMemory as exc:
+        except (OutOfMemory, cluster_mod.RankLost) as exc:
             # A real engine core dies here (EngineDeadError): every request in flight fails, the server exits.
             self.fatal = str(exc)
             for line in str(exc).splitlines():
@@ -212,6 +215,10 @@ class Engine:
                 self._anchor_wall = loop.time()
                 self._anchor_virtual = self.sched.now
                 continue
+            if self.cluster is not None:
+                lost = self.cluster.lost_ranks()
+                if lost:
+                    await self._stall(lost)
             end = self.sched.now + wait
             delay = self._virtual_to_mono(end) - loop.time()
             if delay > 0:
@@ -228,6 +235,23 @@ class Engine:
             virtual_now = self._anchor_virtual + (loop.time() - self._anchor_wall) / scale
             events = self.sched.advance(max(0.0, min(end, virtual_now) - self.sched.now))
             await self._deliver(events)
+
+    async def _stall(self, lost: list[int]) -> None:
+        """A step that some rank cannot join: the MoE ranks step together (their dispatch/combine is a collective),
+        so the step hangs, every request with it, until vLLM's execute_model RPC or HCCL_EXEC_TIMEOUT gives up
+        (dsctl.engine.cluster); then the engine core dies.  vLLM logs nothing meanwhile and /health answers 200."""
+        timeouts = self.cluster.timeouts
+        loop = asyncio.get_running_loop()
+        # HCCL_EXEC_TIMEOUT=0 with TP 1: HCCL never gives up, nor does the step.
+        scale = self.config.advertised_time_scale
+        deadline = None if timeouts.stall_s is None else loop.time() + timeouts.stall_s * scale
+        while deadline is None or loop.time() < deadline:
+            await asyncio.sleep(0.1 if deadline is None else min(0.1, max(deadline - loop.time(), 0.0)))
+            now_lost = self.cluster.lost_ranks()
+            if not now_lost:  # a frozen rank that resumed (its heartbeats are back): the collective completes
+                return
+            lost = now_lost
+        raise cluster_mod.RankLost(cluster_mod.stall_report(timeouts, lost, self.cluster.layout.ranks[0]))
 
     async def _deliver(self, events: list[tuple[Request, int]]) -> None:
         """Hand an iteration's tokens out: streams are written here, one event each; the rest wake their handler."""
@@ -714,7 +738,11 @@ class HttpServer:
 async def serve(engine: Engine, server: HttpServer, sock: Any, host: str, port: int, stop: asyncio.Event,
                 on_ready: Any = None) -> None:
     """Accept connections on an already bound socket until ``stop`` is set."""
-    engine.on_fatal = stop.set
+    def dead() -> None:  # EngineDeadError: /health answers 503 until the server has stopped
+        server.ready = False
+        stop.set()
+
+    engine.on_fatal = dead
     loop_task = asyncio.create_task(engine.run())
     stats_task = asyncio.create_task(engine.log_stats()) if engine.config.log_stats_interval > 0 else None
     loop = asyncio.get_running_loop()

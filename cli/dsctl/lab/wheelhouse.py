@@ -464,6 +464,9 @@ line of a real host to ``dsctl.engine.__main__.main(["serve", ...])``, changed a
   the engine's profiles (dsctl/data/profiles.yaml, or ``--profile-json``); the engine serves the profile
   matched.  Without a match MODEL goes on as given and the engine names the profiles it knows.
 * ``--served-model-name`` defaults to MODEL as given, as vLLM's does.
+* vLLM's multi-node data-parallel flags (--data-parallel-size-local/-dpl, --data-parallel-start-rank/-dpr,
+  --data-parallel-address/-dpa, --data-parallel-rpc-port/-dpp, --headless, --api-server-count/-asc) are the
+  engine's own: a head and its --headless workers form one instance over real sockets (dsctl.engine.cluster).
 * ``--flag_name`` is read as ``--flag-name``, as vLLM reads it.  vLLM flags the engine does not model
   (``VLLM_ONLY_FLAGS``, e.g. --compilation-config, --kv-cache-dtype) are dropped with a warning on stderr,
   with the value that follows them.  Any other flag -- a typo, or a knob of another engine such as the
@@ -504,8 +507,7 @@ VLLM_ONLY_FLAGS = frozenset("""
 --enable-auto-tool-choice --tool-call-parser --reasoning-parser --uvicorn-log-level --root-path
 --allowed-origins --allowed-methods --allowed-headers --ssl-keyfile --ssl-certfile --max-log-len
 --enable-log-requests --no-enable-log-requests --async-scheduling --no-async-scheduling --hf-overrides
---enable-sleep-mode --kv-transfer-config --data-parallel-size-local --data-parallel-address
---data-parallel-rpc-port --api-server-count --limit-mm-per-prompt --mm-processor-kwargs --guided-decoding-backend
+--enable-sleep-mode --kv-transfer-config --limit-mm-per-prompt --mm-processor-kwargs --guided-decoding-backend
 --structured-outputs-config --prefix-caching-hash-algo
 """.split())
 # The emulation's own controls (the lab's harness; not vLLM flags).
