@@ -24,6 +24,7 @@ FILE_SECONDS = {
     "tests/lab/test_gateway.py": 112,
     "tests/lab/test_provision_bare.py": 92,
     "tests/lab/test_cann_switch.py": 88,
+    "tests/lab/test_npu_network.py": 72,  # measured alone (gw7), like test_npu_plane.py
     "tests/engine/test_evaluate_live.py": 43,
     "tests/lab/test_deploy_inputs.py": 33,
     "tests/lab/test_lab_errors.py": 29,
@@ -31,6 +32,7 @@ FILE_SECONDS = {
     "tests/lab/test_npu_plane.py": 25,  # measured alone (gw7); the others are from a four-worker run
     "tests/cli/test_tune_cli.py": 24,
     "tests/engine/test_engine_server.py": 22,
+    "tests/engine/test_multinode.py": 14,
     "tests/lab/test_lab_installed.py": 20,
     "tests/unit/test_upgrade_verb.py": 16,
 }

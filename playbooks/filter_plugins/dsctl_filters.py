@@ -23,6 +23,7 @@ try:
     from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, sha256sums, wheel_lock
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate, platform
+    from dsctl.core.network import hccn_plan, hccn_state
     from dsctl.errors import DsctlError
     from dsctl.services import host_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
@@ -289,6 +290,38 @@ def service_instances(host_vars, overrides=None, only=None) -> list[dict]:
         raise AnsibleFilterError(str(problem)) from None
 
 
+def npu_network_plan(host_vars, host_names, hostvars) -> list[dict]:
+    """This host's NPUs in the fleet's NPU network plan ({npu, address, netmask, netdetect, gateway} each; [] for a
+    host without one): the dsctl_plan entry's, else planned here over the whole group (the plan derives a host's
+    addresses from its place among all hosts, so it is never made for one host alone)."""
+    _require_core()
+    planned = _plan_entry(host_vars)
+    if planned is not None and "npu_network" in planned:
+        return list(planned["npu_network"] or [])
+    name = str(host_vars.get("inventory_hostname", "host"))
+    fleet = {str(other): _plain(_dsctl_vars(hostvars[other])) for other in host_names}
+    try:
+        plan = hccn_plan.plan_network(fleet)
+    except DsctlError as problem:
+        raise AnsibleFilterError(str(problem)) from None
+    return plan.to_dict().get(name, [])
+
+
+def _host_network(host, npus) -> hccn_plan.HostNetwork:
+    return hccn_plan.HostNetwork(str(host), tuple(hccn_plan.NpuAddress(**dict(npu)) for npu in _plain(npus or [])))
+
+
+def npu_network_changes(raw, npus, tool, host) -> dict:
+    """What the npu_network role sets on this host: {ready, reason, changes: [{npu, setting, argv, undo, label}]}
+    (dsctl.core.network.hccn_state.role_decision), from npu_network_facts' raw answers and the host's planned NPUs."""
+    _require_core()
+    state = hccn_state.parse_network(_plain(raw or {}))
+    try:
+        return hccn_state.role_decision(_host_network(host, npus), state, str(tool))
+    except DsctlError as problem:
+        raise AnsibleFilterError(str(problem)) from None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -313,4 +346,6 @@ class FilterModule:
             "dsctl_switched_version_cfg": switched_version_cfg,
             "dsctl_platform_blockers": platform_blockers,
             "dsctl_serving_venv_name": serving_venv_dir_name,
+            "dsctl_npu_network_plan": npu_network_plan,
+            "dsctl_npu_network_changes": npu_network_changes,
         }

@@ -170,6 +170,7 @@ def test_killing_the_worker_while_serving_stalls_the_instance_until_hccl_gives_u
             == 200
         worker.proc.kill()
         worker.proc.wait()
+        time.sleep(0.5)  # the kernel closes the dead worker's sockets at once; let the head's link reader see it
         assert http(head_ip, port, "GET", "/health")[0] == 200  # idle, vLLM notices nothing: no collective runs
         began = time.monotonic()
         status, body = http(head_ip, port, "POST", "/v1/completions",

@@ -24,6 +24,8 @@ from dsctl.services.runs import versions_summary
 
 READY_COLUMNS = ["host", "status", "OS", "arch", "kernel", "RAM GB", "free GB", "serving Python", "NPUs", "blockers"]
 COLUMNS = ["host", "status", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "NPUs", "health", "HBM MB"]
+NETWORK_COLUMNS = ["host", "links UP", "net health Success", "addresses as planned", "hccn.conf as planned",
+                   "NPU pairs reachable"]
 
 
 def run(
@@ -62,6 +64,7 @@ def _render(result: CheckResult) -> None:
                            versions["torch_npu"], versions["vllm_ascend"],
                            f"{npus.get('count', '-')} x {chips}" if npus else "-", unhealthy if npus else "-", hbm])
     ui.print_table(f"dsctl check: {len(result.hosts)} hosts", COLUMNS, table_rows)
+    _render_network(result)
     reports = [row for row in result.hosts if row.get("env") and row.get("versions")]
     ui.print_env_sources([(row["host"], [{k: v for k, v in e.items() if k != "state"} for e in row["env"]])
                           for row in reports],
@@ -76,6 +79,24 @@ def _render(result: CheckResult) -> None:
     console = ui.stderr_console()
     for line in result.errors:
         console.print(line, markup=False, soft_wrap=True)
+
+
+def _render_network(result: CheckResult) -> None:
+    """The NPU parameter plane per host with a plan: counts out of the planned NPUs, and the pings it took part in."""
+    rows = []
+    for row in result.hosts:
+        plane = row.get("npu_network")
+        if not plane:
+            continue
+        if not plane.get("read"):
+            rows.append([row["host"], "-", "-", "-", "-", "-"])
+            continue
+        planned = plane["planned"]
+        pairs = f"{plane['pairs_reachable']}/{plane['pairs']}" if plane["pairs"] else "-"
+        rows.append([row["host"], f"{plane['links_up']}/{planned}", f"{plane['healthy']}/{planned}",
+                     f"{plane['addresses_match']}/{planned}", f"{plane['conf_matches']}/{planned}", pairs])
+    if rows:
+        ui.print_table("NPU parameter plane (hccn_tool)", NETWORK_COLUMNS, rows)
 
 
 def _gb(mb: object) -> str:

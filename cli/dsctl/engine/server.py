@@ -233,6 +233,12 @@ class Engine:
             else:
                 await asyncio.sleep(0)  # behind schedule: catch up, but let the handlers run in between
             virtual_now = self._anchor_virtual + (loop.time() - self._anchor_wall) / scale
+            if self.cluster is not None:
+                # A rank lost while this step ran (its socket's close reaches the cluster thread a moment after the
+                # kill): the step's collective never completed, so none of its tokens may go out.
+                lost = self.cluster.lost_ranks()
+                if lost:
+                    await self._stall(lost)
             events = self.sched.advance(max(0.0, min(end, virtual_now) - self.sched.now))
             await self._deliver(events)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from dsctl.core.lab.plan import LabSpec
+from dsctl.core.lab.plan import LabSpec, npu_network_settings
 from dsctl.lab.hosts import LabPaths
 from dsctl.lab.seed import REBOOT_COMMAND
 
@@ -90,6 +90,9 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         "dsctl_extra_supported_os": ["debian"],
         "dsctl_min_memory_gb": LAB_MIN_MEMORY_GB,
         "dsctl_min_free_disk_gb": min(LAB_MIN_FREE_DISK_GB, spec.disk_gb),
+        # The NPU parameter plane, as a site writes its own (dsctl.core.network.hccn_plan derives each NPU's address):
+        # NPU i of every host in 10.(80+i).0.0/24, the lab switch's .1 as gateway and detection peer, hosts from .11.
+        "dsctl_npu_network": npu_network_settings(spec.npus),
     }
     inventory = {
         "all": {

@@ -18,7 +18,7 @@ from typing import Any
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.serving import service_render
-from dsctl.errors import DsctlError, ExitStatus
+from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import deploy_plan, host_plan
 from dsctl.services.deploy_plan import DeployPlan, plan_deploy
 from dsctl.services.fleet import check_playbook_options, load_fleet
@@ -171,6 +171,13 @@ class RolloutTracker:
 def prepare(inputs: DeployInputs) -> DeployPlan:
     """Read and validate the fleet, then plan: every problem is one line before any host is contacted."""
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
+    groups = next((settings.host_groups for settings in fleet.settings.values()), ())
+    if groups:
+        # Planned and checked (validate_fleet, dsctl check pairs their NPUs), not started yet: issue 22, item 3.
+        raise UsageError(f"dsctl_services: {groups[0].service} spans hosts ({groups[0].name}: "
+                         f"{', '.join(groups[0].hosts)}); dsctl deploy does not start multi-host instances yet: "
+                         "remove it from dsctl_services to deploy the others (dsctl check already checks its hosts' "
+                         "NPU plane)")
     fleet.check_gateways()  # the gateway play runs after every instance rolled out: its problems are found here
     plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings},
                        overrides=inputs.overrides, instances=inputs.instances)

@@ -11,6 +11,7 @@ from dsctl.adapters import inventory as inventory_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.network.hccn_plan import NetworkPlan
 from dsctl.core.serving import gateway
 from dsctl.errors import UsageError
 from dsctl.services import host_plan
@@ -26,6 +27,12 @@ class Fleet:
     fleet_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gateway_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
+    @property
+    def network(self) -> NetworkPlan:
+        """The NPU network plan of the whole fleet (made once by validate_fleet; hosts outside --limit included)."""
+        plan = next((settings.network_plan for settings in self.settings.values()), None)
+        return plan if plan is not None else NetworkPlan()
+
     def address(self, host: str) -> str:
         return str(self.hostvars.get(host, {}).get("ansible_host", host))
 
@@ -35,8 +42,9 @@ class Fleet:
         if not host_vars:
             return self
         merged = {host: {**values, **host_vars.get(host, {})} for host, values in self.hostvars.items()}
-        return Fleet(hostvars=merged, settings=inventory_schema.validate_fleet(merged), fleet_vars=self.fleet_vars,
-                     gateway_vars=self.gateway_vars)
+        fleet = {host: {**values, **host_vars.get(host, {})} for host, values in self.fleet_vars.items()} or None
+        return Fleet(hostvars=merged, settings=inventory_schema.validate_fleet(merged, fleet=fleet),
+                     fleet_vars=self.fleet_vars, gateway_vars=self.gateway_vars)
 
     def check_gateways(self) -> None:
         """Every gateway valid and fronting services the fleet runs (GatewayError, one line, exit 2)."""
@@ -53,8 +61,10 @@ def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str
     """Schema and matrix check of every host (one-line error, exit 2 or 3); no host is contacted."""
     hostvars, groups = inventory_adapter.read_groups(inventory, vault=vault, limit=limit,
                                                      also=(gateway.GATEWAY_GROUP, inventory_adapter.NPU_GROUP))
-    return Fleet(hostvars=hostvars, settings=inventory_schema.validate_fleet(hostvars),
-                 fleet_vars=groups.get(inventory_adapter.NPU_GROUP, {}),
+    fleet = groups.get(inventory_adapter.NPU_GROUP, {})
+    # The NPU network plan is the whole fleet's (a derived address depends on the host's place in it), --limit or not.
+    return Fleet(hostvars=hostvars, settings=inventory_schema.validate_fleet(hostvars, fleet=fleet or None),
+                 fleet_vars=fleet,
                  gateway_vars=groups.get(gateway.GATEWAY_GROUP, {}))
 
 

@@ -9,6 +9,9 @@ Per host the plan holds:
 - ``stack``: the desired stack with ``{arch}`` left in the installer names. The arch is a fact of the host
   (``ascend_host.system.arch``), known only once the play has gathered it; substituting it is a string
   replace, so the filter does that and the plan does not guess an arch or carry one stack per arch;
+- ``npu_network``: the host's NPUs in the fleet's NPU network plan ({npu, address, netmask, netdetect, gateway}
+  each; None without a plan), what the npu_network role sets (dsctl.core.network.hccn_plan, made once for the
+  whole fleet by validate_fleet);
 - ``instances``: every declared instance rendered with the deploy overrides applied (``dsctl_deploy_only``
   narrows them in the filter, since the role needs both the chosen and the declared ones). ``None`` when a
   service of the host holds an API key: the extra-vars file lands in the run directory, and a vaulted key
@@ -24,18 +27,20 @@ from typing import Any
 
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.network.hccn_plan import NetworkPlan
 from dsctl.core.serving import service, service_render
 from dsctl.services import deploy_plan
 
 PLAN_VAR = "dsctl_plan"
 ALLOW_DOWNGRADE_VAR = "dsctl_allow_downgrade"  # dsctl provision --allow-downgrade; ascend_preflight reads it
 CHECK_INSTANCES_VAR = "dsctl_check_instances"  # dsctl check: {host: [instance]} whose processes ascend_validate reads
+CHECK_NETWORK_VAR = "dsctl_check_npu_network"  # dsctl check: {host: {npus, pings}} the NPU plane collector runs
 PLAN_VERSION = 1
 SETTINGS_PREFIX = "dsctl_"
 # Options of one playbook run (dsctl passes them as extra vars, which reach hostvars): not host settings.
 RUN_OPTIONS = frozenset({deploy_plan.SERIAL_VAR, deploy_plan.FORCE_RESTART_VAR, deploy_plan.OVERRIDES_VAR,
                          deploy_plan.ONLY_VAR, PLAN_VAR, ALLOW_DOWNGRADE_VAR,
-                         CHECK_INSTANCES_VAR})
+                         CHECK_INSTANCES_VAR, CHECK_NETWORK_VAR})
 ARCH_NAMED = ("driver_run", "firmware_run", "toolkit_run", "kernels_run", "nnal_run")
 
 # How each service manager tells whether an instance's process is alive (service_health's process check).
@@ -127,8 +132,10 @@ def plan_fleet(hostvars: Mapping[str, Mapping[str, Any]], *, validated: Mapping[
         instances: list[dict[str, Any]] | None = rendered_instances(settings[host], overrides)
         if _holds_secret(instances):
             instances = None
+        addresses = settings[host].npu_addresses
         hosts[str(host)] = {"settings": host_settings(str(host), settings_vars(hostvars[host])),
-                            "stack": stack_template(settings[host]), "instances": instances}
+                            "stack": stack_template(settings[host]), "instances": instances,
+                            "npu_network": NetworkPlan((addresses,)).to_dict()[addresses.host] if addresses else None}
     return {"version": PLAN_VERSION, "fleet": sorted(hosts), "overrides": overrides,
             "only": list(only) if only is not None else None, "hosts": hosts}
 

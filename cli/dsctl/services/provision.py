@@ -120,7 +120,7 @@ def _restart_downgraded(runner: PlaybookRunner, inputs: ProvisionInputs, fleet: 
     """Restart the instances of the downgraded hosts onto the stack now active (health-gated, as deploy does)."""
     from dsctl.services import deploy as deploy_verb
 
-    with_instances = [host for host in moved if fleet.settings[host].dsctl_services]
+    with_instances = [host for host in moved if fleet.settings[host].services]
     if not with_instances:
         return result
     deployed = deploy_verb.deploy(runner, deploy_verb.DeployInputs(

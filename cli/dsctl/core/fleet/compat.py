@@ -24,7 +24,7 @@ from dsctl.core.hostfacts import versionfiles as vf
 from dsctl.core.hostfacts.hoststate import CannState, DriverState, FirmwareState, HostState
 
 SEVERITIES = ("error", "warning", "info")
-COMPONENTS = ("driver", "firmware", "cann", "npu", "env", "serving", "system")
+COMPONENTS = ("driver", "firmware", "cann", "npu", "network", "env", "serving", "system")
 
 
 @dataclass(frozen=True)

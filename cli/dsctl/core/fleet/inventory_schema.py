@@ -7,7 +7,9 @@ host and the variable: ``inventory: host lab-01: dsctl_npu_count: expected an in
 fix it in group_vars or host_vars``.
 
 `validate_fleet` also resolves each host's `DesiredStack` (dsctl.core.fleet.matrix) so an incompatible version
-choice stops a run before any host is touched.
+choice stops a run before any host is touched, and makes the fleet's NPU network plan once, over every host
+(dsctl.core.network.hccn_plan: a derived address depends on the host's place in the fleet), so an inconsistent plan
+(duplicate addresses, NPU i of two hosts in two subnets, an address outside its subnet) is refused the same way.
 """
 
 from __future__ import annotations
@@ -25,10 +27,23 @@ from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.matrix import resolve_stack
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.network import hccn_plan
+from dsctl.core.network.hccn_plan import HostNetwork, NetworkPlan, NetworkPlanError
+from dsctl.core.serving import multinode
+from dsctl.core.serving.gateway import GatewaySpec, check_gateway
+from dsctl.core.serving.multinode import HostGroup, MultiNodeError, MultiNodeSpec
 
 # Text (strict str) and AccountName are shared with the service schema.
-from dsctl.core.serving.gateway import GatewaySpec, check_gateway
-from dsctl.core.serving.service import SAFE_PATH_WORDS, AccountName, ServiceSpec, Text, safe_path, validate_services
+from dsctl.core.serving.service import (
+    SAFE_PATH_WORDS,
+    AccountName,
+    ServiceError,
+    ServiceSpec,
+    Text,
+    plan_host,
+    safe_path,
+    validate_services,
+)
 from dsctl.errors import DsctlError, ExitStatus
 
 SETTINGS_PREFIX = "dsctl_"
@@ -182,6 +197,14 @@ class HostSettings(BaseModel):
     # ascend_preflight before anything runs as root; a source over plain http:// must be pinned (_pinned_http).
     dsctl_package_manifest_sha256: Annotated[Sha256 | None, Field(description=_SHA256)] = None
     dsctl_wheelhouse_manifest_sha256: Annotated[Sha256 | None, Field(description=_SHA256)] = None
+    # The NPU parameter plane (RoCE): the group's addressing (subnets, gateways, detect, start; or netmask with
+    # explicit lists), each host's explicit addresses and its slot.  Checked by dsctl.core.network.hccn_plan, whose
+    # one-line errors name the field (validate_host_vars, then the whole fleet's plan in validate_fleet).
+    dsctl_npu_network: Annotated[Any, Field(description="a mapping (subnets or netmask, gateways, detect, start)")] = \
+        None
+    dsctl_npu_ips: Annotated[Any, Field(description="a list of IPv4 addresses, one per NPU from NPU 0")] = None
+    dsctl_npu_detect_ips: Annotated[Any, Field(description="a list of IPv4 addresses, one per NPU from NPU 0")] = None
+    dsctl_npu_host_index: Annotated[Any, Field(description="an integer 0..4095")] = None
 
     @model_validator(mode="after")
     def _pinned_http(self) -> HostSettings:
@@ -197,6 +220,14 @@ class HostSettings(BaseModel):
     # passes dsctl_* keys in, so an inventory cannot set it.
     stack: DesiredStack | None = None
     services: tuple[ServiceSpec, ...] = ()
+    # Attached by validate_fleet too: this host's NPUs in the fleet's NPU network plan (None: the host has no plan),
+    # and that plan of the whole fleet (the same object on every host; peers outside --limit included).
+    npu_addresses: HostNetwork | None = None
+    network_plan: NetworkPlan | None = None
+    # The dsctl_services entries that span hosts (they say nodes: dsctl.core.serving.multinode), and the fleet's host
+    # groups of all of them (every instance's hosts, head first; the same tuple on every host).
+    multi_host_services: tuple[MultiNodeSpec, ...] = ()
+    host_groups: tuple[HostGroup, ...] = ()
 
     @field_validator("dsctl_services", mode="before")
     @classmethod
@@ -304,13 +335,18 @@ def validate_host_vars(host: str, hostvars: Mapping[str, Any]) -> HostSettings:
     if unknown:
         raise InventoryError(f"inventory: host {host}: {_unknown_setting(unknown[0])}")
     try:
-        return HostSettings.model_validate(settings)
+        validated = HostSettings.model_validate(settings)
     except ValidationError as invalid:
         errors = invalid.errors()
         more = _count(len(errors) - 1, " ({} more problem{} on this host)")
         raise InventoryError(f"inventory: host {host}: {_problem(errors[0])}{more}") from None
     except DsctlError as invalid:  # EnvError from dsctl_ascend_env
         raise InventoryError(f"inventory: host {host}: {invalid}", invalid.exit_status) from None
+    try:
+        hccn_plan.validate_host_network(host, settings)  # this host's NPU network settings on their own
+    except NetworkPlanError as invalid:
+        raise InventoryError(str(invalid), invalid.exit_status) from None
+    return validated
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -337,7 +373,60 @@ def _host_problem(host: str, hostvars: Mapping[str, Any], releases: Mapping,
                                      manager_default=settings.dsctl_service_manager)
     except DsctlError as problem:
         return None, problem
-    return settings.model_copy(update={"stack": stack, "services": tuple(services)}), None
+    try:
+        multi = multi_host_specs(host, settings.dsctl_services)
+    except InventoryError as problem:
+        return None, problem
+    names = {spec.name for spec in services}
+    clash = next((spec.name for spec in multi if spec.name in names), None)
+    if clash is not None:
+        return None, InventoryError(f"inventory: host {host}: dsctl_services: two services are named {clash} (one on "
+                                    "this host, one across hosts); give each its own name")
+    return settings.model_copy(update={"stack": stack, "services": tuple(services),
+                                       "multi_host_services": tuple(multi)}), None
+
+
+def multi_host_specs(host: str, services: Any) -> list[MultiNodeSpec]:
+    """The host's dsctl_services entries that span hosts, validated (`InventoryError`, one line naming the entry)."""
+    specs = []
+    for index, entry in enumerate(services if isinstance(services, list) else []):
+        if not multinode.is_multinode(entry):
+            continue
+        try:
+            specs.append(multinode.validate_multinode(entry))
+        except MultiNodeError as invalid:
+            raise InventoryError(f"inventory: host {host}: dsctl_services[{index}]: {invalid}",
+                                 invalid.exit_status) from None
+    return specs
+
+
+def _host_groups(fleet: Mapping[str, Mapping[str, Any]], settled: Mapping[str, HostSettings],
+                 network: NetworkPlan) -> tuple[HostGroup, ...]:
+    """The host groups of the fleet's multi-host services (every host of ``fleet``: the hosts outside --limit
+    declare their part too); the NPUs of ``settled``'s single-host instances are taken."""
+    declared: dict[str, list[MultiNodeSpec]] = {}
+    counts: dict[str, int] = {}
+    taken: dict[str, dict[int, str]] = {}
+    for host, values in fleet.items():
+        host = str(host)
+        if host in settled:
+            declared[host] = list(settled[host].multi_host_services)
+            counts[host] = settled[host].dsctl_npu_count
+            try:
+                planned = plan_host(settled[host].services, settled[host].dsctl_npu_count)
+            except ServiceError:
+                planned = []
+            taken[host] = {npu: instance.name for instance in planned for npu in instance.npus}
+        else:
+            declared[host] = multi_host_specs(host, values.get("dsctl_services"))
+            count = values.get("dsctl_npu_count")
+            counts[host] = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    if not any(declared.values()):
+        return ()
+    try:
+        return multinode.plan_host_groups(declared, network=network, npu_counts=counts, taken=taken)
+    except MultiNodeError as problem:
+        raise InventoryError(f"inventory: dsctl_services: {problem}", problem.exit_status) from None
 
 
 def _without_host(problem: DsctlError, host: str) -> str:
@@ -351,12 +440,25 @@ def _hosts_label(hosts: list[str]) -> str:
     return f"{len(hosts)} hosts ({named})"
 
 
-def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *,
-                   releases: Mapping | None = None) -> dict[str, HostSettings]:
-    """Every host's settings, each with its resolved `DesiredStack` attached as ``.stack``.
+def fleet_network(hosts: Mapping[str, Mapping[str, Any]]) -> NetworkPlan:
+    """The NPU network plan of these hosts (every host of the fleet, in inventory order); `InventoryError` with
+    hccn_plan's one line (exit 2 for a malformed value, 3 for a plan that cannot work)."""
+    try:
+        return hccn_plan.plan_network({str(host): {str(k): v for k, v in values.items()}
+                                       for host, values in hosts.items()})
+    except NetworkPlanError as invalid:
+        raise InventoryError(str(invalid), invalid.exit_status) from None
 
-    Raises `InventoryError` on the first problem (hosts in the order given), saying how many hosts share
-    it: exit USAGE for a bad variable or unknown version, VALIDATION_FAILED for an incompatible stack.
+
+def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *, releases: Mapping | None = None,
+                   fleet: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, HostSettings]:
+    """Every host's settings, each with its resolved `DesiredStack` attached as ``.stack``, its NPUs in the NPU
+    network plan as ``.npu_addresses`` and the whole plan as ``.network_plan``.
+
+    ``fleet``: every host of the fleet (``hosts`` may be a --limit of it), in inventory order, for the NPU network
+    plan, made once here; default ``hosts``.  Raises `InventoryError` on the first problem (hosts in the order
+    given), saying how many hosts share it: exit USAGE for a bad variable or unknown version, VALIDATION_FAILED
+    for an incompatible stack or an NPU network plan that cannot work.
     """
     releases = data.load("releases") if releases is None else releases
     stacks: dict[tuple, DesiredStack] = {}
@@ -369,7 +471,12 @@ def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *,
         else:
             settled[str(host)] = settings
     if not problems:
-        return settled
+        everyone = fleet if fleet is not None else hosts
+        network = fleet_network(everyone)
+        groups = _host_groups(everyone, settled, network)
+        return {host: settings.model_copy(update={"npu_addresses": network.host(host) if host in network else None,
+                                                  "network_plan": network, "host_groups": groups})
+                for host, settings in settled.items()}
     first_host, first = next(iter(problems.items()))
     message = _without_host(first, first_host)
     sharing = [host for host, problem in problems.items() if _without_host(problem, host) == message]

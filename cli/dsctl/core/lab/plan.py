@@ -95,6 +95,16 @@ def npu_netmask() -> str:
     return str(ipaddress.ip_network(f"0.0.0.0/{NPU_PLANE_PREFIX_LEN}").netmask)
 
 
+def npu_network_settings(npus: int) -> dict[str, Any]:
+    """The lab's NPU plane as an inventory's ``dsctl_npu_network`` (dsctl.core.network.hccn_plan's derived plan, the
+    variables a site sets for its own network): NPU i of every host in subnet i, the switch's .1 as gateway and
+    detection peer, host parts from FIRST_HOST_OFFSET in inventory order, so the plan gives NPU i of lab-NN exactly
+    `npu_address` (NN, i)."""
+    return {"subnets": [npu_subnet(npu) for npu in range(npus)],
+            "gateways": [npu_gateway(npu) for npu in range(npus)],
+            "detect": "gateway", "start": FIRST_HOST_OFFSET}
+
+
 @dataclass(frozen=True)
 class LabHost:
     name: str

@@ -58,6 +58,9 @@ DEFAULT_START = 2
 CONF_KEYS = ("address", "netmask", "netdetect", "gateway")
 FIX = "fix it in group_vars or host_vars"
 
+# The driver's hccn_tool refuses a RoCE address here: the host's virtual NIC to its NPUs uses it (hicann/driver
+# src/custom/network/hccn, tool_ops.c is_ipaddr_conflict; dsctl.emu.hccn_tool emulates the refusal).
+VNIC_HOST_NETWORK = ipaddress.IPv4Network("192.168.1.0/24")
 _CONF_LINE_RE = re.compile(r"^\s*([a-z_]+?)_(\d+)\s*=\s*(\S*)\s*$")
 
 
@@ -421,6 +424,12 @@ def _place(host: str, index: int, v: HostNetworkVars, slot: int, stride: int,
         field = f"{NETWORK_VAR}.subnets[{group}] (derived, slot {slot})"
         derived_slot = slot
 
+    if address in VNIC_HOST_NETWORK:
+        problems.append(_problem(host, field, (
+            f"NPU {index}'s address {address} is in {VNIC_HOST_NETWORK}, which hccn_tool refuses for a RoCE port (the "
+            "driver keeps it for the host's virtual NIC to the NPUs: tool_ops.c is_ipaddr_conflict); use another "
+            "subnet"), ExitStatus.VALIDATION_FAILED))
+        return None
     gateway = _peer_in(settings.gateways, group, subnet)
     if settings.gateways is not None and gateway is None:
         problems.append(_problem(host, f"{NETWORK_VAR}.gateways", (

@@ -373,6 +373,77 @@ def _groups(spec: MultiNodeSpec, pool: Sequence[NodeFacts]) -> list[list[NodeFac
     return groups
 
 
+@dataclass(frozen=True)
+class HostGroup:
+    """One instance of a multi-host service as the inventory alone shows it: its hosts (head first) and the NPUs it
+    uses on each (what `dsctl check` pairs and names; `plan_services` makes the full instance from the facts)."""
+
+    service: str
+    index: int
+    hosts: tuple[str, ...]
+    npus: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.service}-{self.index}"
+
+
+@dataclass(frozen=True)
+class _Named:
+    name: str
+
+
+def is_multinode(entry: Any) -> bool:
+    """A ``dsctl_services`` entry that spans hosts: it says ``nodes``."""
+    return isinstance(entry, Mapping) and "nodes" in entry
+
+
+def plan_host_groups(declared: Mapping[str, Sequence[MultiNodeSpec]], *, network: NetworkPlan,
+                     npu_counts: Mapping[str, int],
+                     taken: Mapping[str, Mapping[int, str]] | None = None) -> tuple[HostGroup, ...]:
+    """The host groups of every multi-host service the hosts declare (host -> its specs, hosts in inventory order),
+    cut as `plan_services` cuts them, checked for what the inventory alone shows: one definition per service, host
+    counts that divide (or host_groups naming hosts that declare it), every node in the NPU network plan with
+    enough NPUs, no NPU in two instances (``taken``: the single-host instances' NPUs, `taken_npus`).  Chips,
+    stacks, the model path and the fit need the hosts' facts: `plan_services` checks them.  `MultiNodeError`, one
+    line."""
+    specs: dict[str, MultiNodeSpec] = {}
+    pools: dict[str, list[str]] = {}
+    for host, host_specs in declared.items():
+        for spec in host_specs:
+            first = specs.setdefault(spec.name, spec)
+            if first != spec:
+                raise MultiNodeError(f"service {spec.name}: host {host} declares it otherwise than "
+                                     f"{pools[spec.name][0]}; a multi-host service has one definition for all its "
+                                     "hosts: declare it once, in group_vars")
+            pools.setdefault(spec.name, []).append(host)
+    claimed: dict[str, dict[int, str]] = {host: dict(npus) for host, npus in (taken or {}).items()}
+    groups: list[HostGroup] = []
+    for name, spec in specs.items():
+        for index, members in enumerate(_groups(spec, [_Named(host) for host in pools[name]])):  # type: ignore[arg-type]
+            hosts = tuple(member.name for member in members)
+            label = f"service {name}: instance {name}-{index} ({', '.join(hosts)})"
+            for host in hosts:
+                if npu_counts.get(host, 0) < spec.npus_per_node:
+                    raise MultiNodeError(f"{label}: {host} has {npu_counts.get(host, 0)} NPUs, npus_per_node is "
+                                         f"{spec.npus_per_node}; group hosts with enough NPUs, or lower npus_per_node",
+                                         ExitStatus.VALIDATION_FAILED)
+                if host not in network:
+                    raise MultiNodeError(f"{label}: {host} has no NPU network plan (dsctl_npu_network or "
+                                         "dsctl_npu_ips); multi-host instances talk over the NPUs' RoCE addresses: "
+                                         "plan them", ExitStatus.VALIDATION_FAILED)
+                other = next((claimed[host][npu] for npu in range(spec.npus_per_node)
+                              if npu in claimed.get(host, {})), None)
+                if other is not None:
+                    raise MultiNodeError(f"{label}: {host}'s NPUs 0-{spec.npus_per_node - 1} overlap {other}'s; an "
+                                         "NPU serves one instance: give each instance its own hosts (host_groups), or "
+                                         "move the other instance off them", ExitStatus.VALIDATION_FAILED)
+            for host in hosts:
+                claimed.setdefault(host, {}).update({npu: f"{name}-{index}" for npu in range(spec.npus_per_node)})
+            groups.append(HostGroup(name, index, hosts, tuple(range(spec.npus_per_node))))
+    return tuple(groups)
+
+
 def _chip_name(chip: str) -> str:
     try:
         return perfmodel.chip_by_name(chip).name

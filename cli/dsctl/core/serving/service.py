@@ -737,9 +737,10 @@ def validate_services(host: str, services: Any, *, npu_count: int, vllm_ascend: 
     if not isinstance(services, list):
         raise ServiceError(f"inventory: host {host}: {SERVICES_VAR}: expected a list of services (name, engine, "
                            f"model, npus_per_instance, ...), got {_shown(services)}; {FIX}")
+    # An entry that says ``nodes`` spans hosts: dsctl.core.serving.multinode plans it (its own schema), not this one.
     specs = [validate_service(host, index, entry, npu_count=npu_count, vllm_ascend=vllm_ascend,
                               serving_venv=serving_venv, manager_default=manager_default)
-             for index, entry in enumerate(services)]
+             for index, entry in enumerate(services) if not (isinstance(entry, Mapping) and "nodes" in entry)]
     _check_names(host, specs)
     _check_npus(host, specs, npu_count)
     _check_ports(host, specs)
