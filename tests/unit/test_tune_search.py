@@ -158,6 +158,31 @@ def test_resume_after_kill_repeats_nothing_and_finds_the_same_best(tmp_path: Pat
     assert resumed.best.objective == uninterrupted.best.objective
 
 
+def test_ctrl_c_during_a_journal_write_lands_after_it(tmp_path: Path, monkeypatch):
+    """Optuna's journal lock unlinks its lock file twice when Ctrl-C lands inside its release (FileNotFoundError
+    instead of KeyboardInterrupt, seen in CI): the storage holds the signal until the write is done."""
+    import os
+    import signal
+
+    from optuna.storages.journal import JournalFileBackend
+
+    real_append = JournalFileBackend.append_logs
+
+    def interrupted_append(self, logs):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered while the lock is held
+        real_append(self, logs)
+
+    journal = tmp_path / "study.journal"
+    storage = journal_storage(journal)
+    monkeypatch.setattr(JournalFileBackend, "append_logs", interrupted_append)
+    with pytest.raises(KeyboardInterrupt):
+        storage.create_new_study(directions=[], study_name="held")
+    monkeypatch.undo()
+    assert not list(tmp_path.glob("study.journal.lock*")), "the lock was left behind"
+    assert journal_storage(journal).get_study_id_from_name("held") >= 0  # the write completed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_resume_needs_the_same_study(tmp_path: Path):
     journal = tmp_path / "study.journal"
     run_study(budget=3, storage=journal_storage(journal)).run()

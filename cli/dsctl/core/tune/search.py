@@ -44,10 +44,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import json
 import math
 import re
+import signal
+import threading
 import time
 import warnings
 import zlib
@@ -59,6 +62,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.storages.journal import BaseJournalBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from dsctl.core.tune import capacity as capacity_mod
@@ -246,7 +250,48 @@ def journal_storage(path: Path) -> optuna.storages.BaseStorage:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    return JournalStorage(_SignalSafeBackend(JournalFileBackend(str(path))))
+
+
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Any:
+    """Hold Ctrl-C and SIGTERM for the duration, then deliver them to the handlers they would have met.
+
+    Optuna's journal lock (``JournalFileSymlinkLock.release``) renames its lock file and unlinks it, and on any
+    BaseException unlinks it again: a KeyboardInterrupt landing between the two turns into FileNotFoundError
+    (seen in CI: a Ctrl-C'd live tune ended "internal error" instead of restoring its instances), and one landing
+    after the lock is taken leaves it held.  Signal handlers run only in the main thread, so only there is
+    anything held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: pending.append(signum))
+                for signum in _HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)
+
+
+class _SignalSafeBackend(BaseJournalBackend):
+    """A journal backend whose writes are never cut by Ctrl-C or SIGTERM (`_signals_held`); reads take no lock."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def read_logs(self, log_number_from: int) -> Any:
+        return self._backend.read_logs(log_number_from)
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        with _signals_held():
+            self._backend.append_logs(logs)
 
 
 def _fingerprint(space: SearchSpace, slos: Sequence[slo_mod.Slo], objective: str) -> str:
