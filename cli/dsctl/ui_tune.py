@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from dsctl.services.tune import format_value
 from dsctl.ui import stderr_console
 
 
@@ -103,6 +104,6 @@ class TuneProgress:
             elif event.get("detail"):
                 status = f"{status}: {str(event['detail']).splitlines()[0][:100]}"
             where = f" on {event['instance']}@{event['host']}" if event.get("host") else ""
-            config = " ".join(f"{k}={v}" for k, v in (event.get("config") or {}).items())
+            config = " ".join(f"{k}={format_value(v)}" for k, v in (event.get("config") or {}).items())
             # Finished trials stay readable above the live table (and are the whole log elsewhere).
             self._line(f"trial {event['number']}{where}: {status} | {config} | {self._totals}")

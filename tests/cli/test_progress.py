@@ -114,3 +114,16 @@ def test_probe_progress_notes_and_bar():
         progress({"event": "dsctl_note", "msg": "hidden"})
         progress({"event": "dsctl_probe_start", "total": 3})
     assert quiet.getvalue() == ""
+
+
+def test_a_finished_trial_shows_its_parameters_as_the_table_does():
+    """Knob values in the trial lines as in the result table (0.82, true), not Python's reprs of sampled floats."""
+    from dsctl.ui_tune import TuneProgress
+
+    console = Console(file=io.StringIO(), width=200)
+    progress = TuneProgress(console, live=False)
+    progress({"event": "dsctl_tune_trial", "phase": "told", "number": 3, "status": "screened", "evaluated": 1,
+              "budget": 6, "feasible": 0, "crashed": 0,
+              "config": {"gpu_memory_utilization": 0.8200000000000001, "enable_prefix_caching": True}})
+    line = console.file.getvalue()
+    assert "gpu_memory_utilization=0.82 enable_prefix_caching=true |" in line, line
