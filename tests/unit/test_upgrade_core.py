@@ -29,12 +29,13 @@ def source_with_everything(releases) -> dict[str, str]:
     return {spec.name: "0" * 64 for spec in package_specs(releases, ARCH)}
 
 
-def plan(releases, overrides=NEW, *, current=None, desired=None, sums=None, batch="1", canary=None, free=None):
+def plan(releases, overrides=NEW, *, current=None, desired=None, sums=None, batch="1", canary=None, free=None,
+         together=()):
     current = current or {host: OLD for host in HOSTS}
     return plan_upgrade(releases, HOSTS, current=current, desired=desired or {host: OLD for host in HOSTS},
                         overrides=overrides, arch={host: ARCH for host in HOSTS},
                         package_sums=source_with_everything(releases) if sums is None else sums,
-                        batch=BatchSize.parse(batch), canary=canary, disk_free_mb=free)
+                        batch=BatchSize.parse(batch), canary=canary, disk_free_mb=free, together=together)
 
 
 # ----------------------------------------------------------------------------------------------------- batches
@@ -60,6 +61,34 @@ def test_batches_start_with_the_canary():
     assert make_batches(hosts, BatchSize.parse("50%"), canary=2) == [["h1", "h2"], ["h3", "h4", "h5", "h6"], ["h7"]]
     assert make_batches(hosts, BatchSize.parse("2"), canary=0) == [["h1", "h2"], ["h3", "h4"], ["h5", "h6"], ["h7"]]
     assert make_batches([], BatchSize.parse("1")) == []
+
+
+def test_the_hosts_of_a_multi_host_instance_go_in_one_batch():
+    """Issue 22: an instance's ranks run one stack, so its hosts are upgraded (and rolled back) together."""
+    hosts = [f"h{i}" for i in range(1, 8)]
+    pairs = [("h1", "h2"), ("h4", "h3")]
+    assert make_batches(hosts, BatchSize.parse("1"), together=pairs) == [["h1", "h2"], ["h3", "h4"], ["h5"],
+                                                                          ["h6"], ["h7"]]
+    assert make_batches(hosts, BatchSize.parse("3"), together=pairs) == [["h1", "h2"], ["h3", "h4", "h5"],
+                                                                          ["h6", "h7"]]
+    # the canary is the first whole unit even when it is larger than --canary
+    assert make_batches(hosts, BatchSize.parse("2"), canary=1, together=pairs)[0] == ["h1", "h2"]
+    # hosts that share an instance through a third are one unit; hosts already upgraded are not added back
+    assert make_batches(["h1", "h2", "h3", "h5"], BatchSize.parse("1"),
+                        together=[("h1", "h4"), ("h4", "h3")]) == [["h1", "h3"], ["h2"], ["h5"]]
+    batches = make_batches(hosts, BatchSize.parse("2"), canary=0, together=[("h2", "h6"), ("h6", "h7")])
+    assert sorted(host for batch in batches for host in batch) == sorted(hosts)
+    assert ["h2", "h6", "h7"] in batches
+
+
+def test_an_instance_whose_hosts_would_end_on_two_stacks_is_refused(releases):
+    desired = {"lab-01": OLD, "lab-02": Versions(cann="8.5.0", vllm_ascend="v0.13.0", **HDK), "lab-03": OLD}
+    result = plan(releases, Versions(), desired=desired, together=[("lab-01", "lab-02")])
+    assert len(result.problems) == 1
+    assert result.problems[0].startswith("lab-01, lab-02 serve one instance but their targets differ (lab-01: ")
+    assert result.problems[0].endswith("give them the same dsctl_*_version variables")
+    same = plan(releases, together=[("lab-01", "lab-02")])
+    assert same.problems == () and same.batches == (("lab-01", "lab-02"), ("lab-03",))
 
 
 # ----------------------------------------------------------------------------------------------------- plan

@@ -522,6 +522,12 @@ def _desired(fleet: Fleet) -> dict[str, Versions]:
     return desired
 
 
+def _host_groups(fleet: Fleet) -> list[tuple[str, ...]]:
+    """The hosts of each multi-host instance (the same on every host's settings): one batch each."""
+    groups = next((settings.host_groups for settings in fleet.settings.values()), ())
+    return [group.hosts for group in groups]
+
+
 def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fleet: Fleet,
               progress: ProgressSink) -> tuple[UpgradePlan, list[str], dict[str, Any]]:
     """The plan, the preflight problems (one line each) and the baseline metrics ("host/instance" -> metrics)."""
@@ -568,7 +574,7 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
             problems.append(str(unusable))
     plan = plan_upgrade(releases, hosts, current=current, desired=desired, overrides=inputs.overrides(), arch=arch,
                         package_sums=sums, batch=BatchSize.parse(inputs.batch), canary=inputs.canary,
-                        disk_free_mb=free)
+                        disk_free_mb=free, together=_host_groups(fleet))
     problems += plan.problems
     baseline: dict[str, Any] = {}
     if problems or inputs.check:

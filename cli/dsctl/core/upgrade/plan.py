@@ -108,8 +108,15 @@ class BatchSize:
         return max(1, min(fleet_size, math.ceil(fleet_size * (self.percent or 0) / 100)))
 
 
-def make_batches(hosts: Sequence[str], batch: BatchSize, canary: int | None = None) -> list[list[str]]:
-    """Hosts in upgrade order, cut into batches; the first is the canary (``canary`` hosts, default a batch)."""
+def make_batches(hosts: Sequence[str], batch: BatchSize, canary: int | None = None, *,
+                 together: Sequence[Sequence[str]] = ()) -> list[list[str]]:
+    """Hosts in upgrade order, cut into batches; the first is the canary (``canary`` hosts, default a batch).
+
+    ``together``: the hosts of each multi-host instance (issue 22: its ranks run one stack, so its hosts are
+    drained, upgraded and rolled back as one).  Hosts that share an instance, directly or through another, are one
+    unit: a unit is never split, so a batch holds whole units up to its size, and a unit larger than the size is
+    a batch of its own.  Units keep the order of their first host in ``hosts``; a group's hosts outside ``hosts``
+    (already on their target) are not added."""
     if canary is not None and canary < 0:
         raise UsageError(f"--canary {canary}: must not be negative")
     hosts = list(hosts)
@@ -117,10 +124,40 @@ def make_batches(hosts: Sequence[str], batch: BatchSize, canary: int | None = No
         return []
     size = batch.of(len(hosts))
     first = size if canary is None else min(canary, len(hosts))
-    batches = [hosts[:first]] if first else []
-    rest = hosts[first:]
-    batches += [rest[index:index + size] for index in range(0, len(rest), size)]
+    units = _units(hosts, together)
+    batches: list[list[str]] = []
+    if first:
+        batches.append(_fill(units, first))
+    while units:
+        batches.append(_fill(units, size))
     return batches
+
+
+def _units(hosts: list[str], together: Sequence[Sequence[str]]) -> list[list[str]]:
+    """``hosts`` joined into the units ``together`` makes (connected groups, also through hosts outside
+    ``hosts``), in the order of their first host."""
+    parent: dict[str, str] = {}
+
+    def root(host: str) -> str:
+        while parent.setdefault(host, host) != host:
+            host = parent[host]
+        return host
+
+    for group in together:
+        for other in group[1:]:
+            parent[root(other)] = root(group[0])
+    units: dict[str, list[str]] = {}
+    for host in hosts:
+        units.setdefault(root(host), []).append(host)
+    return list(units.values())
+
+
+def _fill(units: list[list[str]], size: int) -> list[str]:
+    """Take whole units from the front of ``units`` while they fit in ``size`` hosts (always at least one)."""
+    taken = units.pop(0)
+    while units and len(taken) + len(units[0]) <= size:
+        taken = taken + units.pop(0)
+    return taken
 
 
 @dataclass(frozen=True)
@@ -233,10 +270,11 @@ def plan_upgrade(releases: Mapping, hosts: Sequence[str], *, current: Mapping[st
                  desired: Mapping[str, Versions], overrides: Versions, arch: Mapping[str, str],
                  package_sums: Mapping[str, str], batch: BatchSize, canary: int | None = None,
                  disk_free_mb: Mapping[str, int | None] | None = None,
-                 disk_needed_mb: int = DISK_NEEDED_MB) -> UpgradePlan:
+                 disk_needed_mb: int = DISK_NEEDED_MB, together: Sequence[Sequence[str]] = ()) -> UpgradePlan:
     """The plan for ``hosts`` (inventory order). ``desired``: each host's inventory versions; ``overrides``: the
     command line's; ``package_sums``: the package source's SHA256SUMS (file name -> digest); ``disk_free_mb``:
-    free space under each host's install path (None: unknown, not judged)."""
+    free space under each host's install path (None: unknown, not judged); ``together``: the hosts of each
+    multi-host instance (one batch each, `make_batches`)."""
     problems: list[str] = []
     planned: list[HostUpgrade] = []
     for host in hosts:
@@ -263,7 +301,13 @@ def plan_upgrade(releases: Mapping, hosts: Sequence[str], *, current: Mapping[st
         planned.append(item)
     changing = [item.host for item in planned if item.changes]
     unchanged = tuple(item.host for item in planned if not item.changes)
-    batches = tuple(tuple(b) for b in make_batches(changing, batch, canary))
+    for group in together:  # an instance whose hosts would end on two stacks: its ranks could not run together
+        targets = {planned_host.host: planned_host.target for planned_host in planned if planned_host.host in group}
+        if len({target.label() for target in targets.values()}) > 1:
+            problems.append(f"{', '.join(group)} serve one instance but their targets differ ("
+                            + "; ".join(f"{host}: {target.label()}" for host, target in targets.items())
+                            + "); give them the same dsctl_*_version variables")
+    batches = tuple(tuple(b) for b in make_batches(changing, batch, canary, together=together))
     return UpgradePlan(hosts=tuple(planned), batches=batches, unchanged=unchanged, problems=tuple(problems))
 
 
