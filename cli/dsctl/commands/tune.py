@@ -25,6 +25,7 @@ from dsctl.core.tune.pareto import TrialRecord
 from dsctl.errors import UsageError
 from dsctl.services import tune as tune_verb
 from dsctl.services import tune_live
+from dsctl.services.tune_result import TuneResult, capacity_figure
 from dsctl.ui_tune import TuneProgress
 
 TABLE_ROWS = 10
@@ -60,12 +61,11 @@ def _status_cell(record: TrialRecord) -> str:
     return f"{record.failure}: {detail[:STATUS_CHARS]}" if detail else str(record.failure)
 
 
-def _params_cell(result: tune_verb.TuneResult | tune_live.LiveTuneResult, record: TrialRecord) -> str:
-    """Live: only what differs from the baseline (the service's own configuration), so the row stays readable."""
-    if not isinstance(result, tune_live.LiveTuneResult):
+def _params_cell(result: TuneResult, record: TrialRecord) -> str:
+    """Against a baseline (live: the service's own configuration), only what differs, so the row stays readable."""
+    if result.baseline_config is None:
         return tune_verb.config_text(record)
-    space, base = result.plan.space, result.plan.baseline
-    baseline = {**space.params(base), **space.fields(base)}
+    baseline = result.baseline_config
     changed = {k: v for k, v in {**record.params, **record.fields}.items()
                if k not in baseline or not tune_live.same_value(v, baseline[k])}
     return " ".join(f"{k}={tune_verb.format_value(v)}" for k, v in changed.items()) or "(baseline)"
@@ -85,7 +85,7 @@ def _cap_cell(record: TrialRecord, key: str, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
+def render(result: TuneResult) -> None:
     rows = []
     for rank, record in enumerate(result.ranked()[:TABLE_ROWS], start=1):
         rows.append([rank, record.number, _params_cell(result, record), _sustained_cell(record),
@@ -94,47 +94,36 @@ def render(result: tune_verb.TuneResult | tune_live.LiveTuneResult) -> None:
                      "-" if record.objective is None else f"{record.objective_name} {record.objective:.3g}",
                      _slo_cell(record), _status_cell(record)])
     c = result.counts
-    if isinstance(result, tune_live.LiveTuneResult):
-        p = result.plan
-        title = (f"dsctl tune: {p.service} ({p.model}, {p.engine}, space {p.space.name}) on {len(p.slots)} instances, "
-                 f"{c['evaluated']} restarts, {c['feasible']} feasible, {c['crashed']} crashed, "
-                 f"{c['screened']} screened out, {result.wall_s:.0f} s")
-        space = p.space
-    else:
-        i = result.inputs
-        where = f"{i.npus_per_instance} x {i.chip} over {i.nodes} hosts" if i.nodes > 1 else i.chip
-        weights = "" if i.weight_bytes == 2.0 else f", {tune_verb.WEIGHTS_NAMES[i.weight_bytes]} weights"
-        title = (f"dsctl tune --simulate: {i.model} on {where} ({i.engine}, space {result.space.name}{weights}), "
-                 f"{c['evaluated']} evaluated, {c['feasible']} feasible, {c['crashed']} crashed")
-        space = result.space
+    live = result.mode == "live"
+    title = (f"dsctl tune{'' if live else ' --simulate'}: {result.subject}, {c['evaluated']} "
+             f"{'restarts' if live else 'evaluated'}, {c['feasible']} feasible, {c['crashed']} crashed, "
+             f"{c['screened']} screened out, {result.wall_s:.0f} s")
     ui.print_table(title, COLUMNS, rows, wrap=("parameters", "status"))
     console = ui.stdout_console()
-    for note in space.notes:
+    for note in result.space.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if result.best is not None:
         console.print(f"best: trial {result.best.number}: {tune_verb.config_text(result.best)}"
                       + (f" at {result.best.rate:.3g} req/s" if result.best.rate is not None else ""), markup=False,
                       soft_wrap=True)
-    line = tune_verb.capacity_line(result.best, result.baseline_trial() if hasattr(result, "baseline_trial")
-                                   else None)
+    line = tune_verb.capacity_line(result.best, result.baseline)
     if line:
         console.print(line, markup=False, soft_wrap=True)
-    if isinstance(result, tune_verb.TuneResult) and result.best is not None and (
-            result.inputs.nodes > 1 or any(k.parallel for k in result.space.knobs)):
-        layout = tune_verb.layout_of(result.inputs, result.best, result.space)
-        figure = tune_verb.capacity_figure(result.best)
-        console.print(f"layout: {tune_verb.layout_text(layout)}"
+    if result.layout is not None:
+        figure = capacity_figure(result.best)
+        console.print(f"layout: {tune_verb.layout_text(result.layout)}"
                       + (f": {tune_verb.rate_text(figure)}" if figure else ""), markup=False, soft_wrap=True)
-    if isinstance(result, tune_live.LiveTuneResult):
-        what = "the winner" if result.deployed == "winner" else "the baseline (the inventory's configuration)"
-        console.print(f"deployed: {what} on every instance of {result.plan.service}", markup=False, soft_wrap=True)
-        for v in result.verification:
+    deployment = result.deployment
+    if deployment is not None:
+        what = "the winner" if deployment.deployed == "winner" else "the baseline (the inventory's configuration)"
+        console.print(f"deployed: {what} on every instance of {deployment.service}", markup=False, soft_wrap=True)
+        for v in deployment.verification:
             values = ", ".join(f"{k} {x:.4g}" for k, x in v.values.items())
             console.print(f"confirmed: {v.instance} on {v.host} at {v.rate:.3g} req/s: "
                           f"{'meets' if v.met else 'MISSES'} the SLO ({values})", markup=False, soft_wrap=True)
-        for path in result.written:
+        for path in deployment.written:
             console.print(f"written back: {path}", markup=False, soft_wrap=True)
-        if result.deployed == "winner" and not result.written:
+        if deployment.deployed == "winner" and not deployment.written:
             console.print("note: the inventory still holds the old parameters (a later dsctl deploy puts them "
                           "back); add --write-back to keep the winner", markup=False, soft_wrap=True)
     console.print(f"trials: {result.trials_path}", markup=False, soft_wrap=True)
@@ -254,7 +243,7 @@ def run(
             nodes=nodes, weight_bytes=tune_verb.WEIGHT_FORMATS[(weights or "bf16").lower()])
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
-        result: Any = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
+        result: TuneResult = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
                                     progress=_progress)
     else:
         if inventory is None:

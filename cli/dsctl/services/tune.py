@@ -39,6 +39,7 @@ Progress records: ``dsctl_note`` (``msg``), ``dsctl_tune_trial`` per trial start
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import Candidate, Failure, Outcome
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services.ports import ProgressSink, no_progress
+from dsctl.services.tune_result import TuneResult, capacity_figure
 
 ENGINES = ("lab-engine", "vllm-ascend")
 STUDY = "dsctl-tune"
@@ -110,62 +112,12 @@ class TuneInputs:
         return self.npus_per_instance // max(1, self.nodes)
 
 
-@dataclass(frozen=True)
-class TuneResult:
-    inputs: TuneInputs
-    space: space_mod.SearchSpace
-    trials: tuple[TrialRecord, ...]
-    best: TrialRecord | None
-    closest: TrialRecord | None
-    counts: dict[str, int]
-    stopped: str
-    trials_path: Path
-    plot_path: Path
-    exit_status: ExitStatus
-    errors: tuple[str, ...]
-
-    def ranked(self) -> list[TrialRecord]:
-        return ranked(self.trials)
-
-    def to_dict(self) -> dict[str, Any]:
-        i = self.inputs
-        return {
-            "mode": "simulate", "model": i.model, "chip": i.chip, "engine": i.engine, "space": self.space.name,
-            "npus": i.npus_per_instance, "nodes": i.nodes, "npus_per_node": i.npus_per_node,
-            "weights": _weights_name(i.weight_bytes),
-            "layout": None if self.best is None else layout_of(i, self.best, self.space),
-            "slos": [s.to_dict() for s in slo.parse_slos(i.slos)], "objective": i.objective, "budget": i.budget,
-            "seed": i.seed, "rate": i.rate, "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
-            "requests": i.requests, "window_s": i.window_s, "sample_rule": sample_rule(slo.parse_slos(i.slos)),
-            "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
-            "plot_path": str(self.plot_path), "counts": self.counts, "stopped": self.stopped,
-            "best": None if self.best is None else _jsonable(self.best),
-            "closest": None if self.closest is None else _jsonable(self.closest),
-            "notes": list(self.space.notes), "trials": [_jsonable(t) for t in self.ranked()],
-            "capacity": {"winner": capacity_figure(self.best)},
-        }
-
-
 def sample_rule(slos: tuple[slo.Slo, ...]) -> dict[str, Any]:
     """The sizing rule a run's probes follow, for result.json."""
     return {"measured_at_least": capacity.required_samples(slos), "tail_samples": capacity.TAIL_SAMPLES,
             "warmup_share": capacity.WARMUP_SHARE, "min_warmup": capacity.MIN_WARMUP,
             "throughput_slack": capacity.THROUGHPUT_SLACK, "growth_factor": capacity.GROWTH_FACTOR,
             "growth_slack_requests": capacity.GROWTH_SLACK_REQUESTS}
-
-
-def ranked(trials: tuple[TrialRecord, ...]) -> list[TrialRecord]:
-    """Evaluated trials, best first: feasible by objective, then the rest by how near they came (also live)."""
-    evaluated = [t for t in trials if t.evaluated and t.duplicate_of is None]
-    return sorted(evaluated, key=lambda t: (not t.feasible, -(t.objective or 0.0) if t.feasible else 0.0,
-                                            t.failure in search.CRASHES,
-                                            t.margin if t.margin is not None else float("inf"), t.number))
-
-
-def _jsonable(record: TrialRecord) -> dict[str, Any]:
-    import json
-
-    return json.loads(record.to_json_line())  # the trials.jsonl form (no NaN / inf)
 
 
 def _length(text: str, option: str) -> LengthSpec:
@@ -597,6 +549,7 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
                            storage=search.journal_storage(journal), study_name=STUDY, resume=inputs.resume,
                            screen=screen, context={"simulated": True, "model": inputs.model, "chip": inputs.chip},
                            on_event=on_event)
+    started = time.monotonic()
     result = driver.run()
     trials_path = pareto.write_trials(result.trials, run_dir / TRIALS)
     first = slos[0]
@@ -608,18 +561,27 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
     if result.best is None:
         status = ExitStatus.SLO_NOT_MET
         errors = (_nothing_met(result),)
-    return TuneResult(inputs, space, tuple(result.trials), result.best, result.closest, result.counts,
-                      result.stopped, trials_path, plot_path, status, errors)
+    layout = None  # shown when the layout was searched (a multi-host instance, or TP / DP among the knobs)
+    if result.best is not None and (inputs.nodes > 1 or any(knob.parallel for knob in space.knobs)):
+        layout = layout_of(inputs, result.best, space)
+    hardware = (f"{inputs.npus_per_instance} x {inputs.chip} over {inputs.nodes} hosts" if inputs.nodes > 1
+                else inputs.chip)
+    weights = "" if inputs.weight_bytes == 2.0 else f", {WEIGHTS_NAMES[inputs.weight_bytes]} weights"
+    return TuneResult(
+        mode="simulate", subject=f"{inputs.model} on {hardware} ({inputs.engine}, space {space.name}{weights})",
+        space=space, trials=tuple(result.trials), best=result.best, closest=result.closest, counts=result.counts,
+        stopped=result.stopped, trials_path=trials_path, plot_path=plot_path, exit_status=status, errors=errors,
+        wall_s=time.monotonic() - started, layout=layout, inputs=_echo(inputs, slos))
 
 
-def capacity_figure(record: TrialRecord | None) -> dict[str, Any] | None:
-    """A trial's capacity for the report: sustained rate, per NPU, whether only a lower bound, window, samples."""
-    if record is None or record.capacity is None:
-        return None
-    cap = record.capacity
-    return {"trial": record.number, "sustained_rate": cap.get("sustained_rate"), "per_npu": cap.get("per_npu"),
-            "at_ceiling": cap.get("at_ceiling"), "noise": cap.get("noise"), "window_s": cap.get("window_s"),
-            "samples": cap.get("samples")}
+def _echo(inputs: TuneInputs, slos: tuple[slo.Slo, ...]) -> dict[str, Any]:
+    """A simulated run's inputs, for result.json and --json."""
+    return {"model": inputs.model, "chip": inputs.chip, "engine": inputs.engine, "npus": inputs.npus_per_instance,
+            "nodes": inputs.nodes, "npus_per_node": inputs.npus_per_node, "weights": _weights_name(inputs.weight_bytes),
+            "slos": [s.to_dict() for s in slos], "objective": inputs.objective, "budget": inputs.budget,
+            "seed": inputs.seed, "rate": inputs.rate, "prompt_tokens": inputs.prompt_tokens,
+            "output_tokens": inputs.output_tokens, "requests": inputs.requests, "window_s": inputs.window_s,
+            "sample_rule": sample_rule(slos), "run_dir": str(inputs.run_dir)}
 
 
 def rate_text(figure: dict[str, Any]) -> str:

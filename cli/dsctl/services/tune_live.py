@@ -43,7 +43,7 @@ import posixpath
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ from dsctl.services.deploy_plan import PlannedInstance, plan_deploy
 from dsctl.services.fleet import load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
 from dsctl.services.tune import config_text
+from dsctl.services.tune_result import Deployment, TuneResult, Verification
 
 STUDY = "dsctl-tune"
 JOURNAL, TRIALS, PLOT, RESULT = "study.journal", "trials.jsonl", "pareto.png", "result.json"
@@ -142,71 +143,6 @@ class LivePlan:
     shortest_output: int
     api_key: str | None = field(repr=False, default=None)
     log_files: Mapping[str, str] = field(default_factory=dict)  # instance -> log path on its host
-
-
-@dataclass(frozen=True)
-class Verification:
-    host: str
-    instance: str
-    rate: float
-    met: bool
-    values: dict[str, float]
-    detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-
-@dataclass(frozen=True)
-class LiveTuneResult:
-    inputs: LiveTuneInputs
-    plan: LivePlan
-    trials: tuple[TrialRecord, ...]
-    best: TrialRecord | None
-    closest: TrialRecord | None
-    counts: dict[str, int]
-    stopped: str
-    deployed: str  # "winner" or "baseline"
-    deployed_params: dict[str, Any]
-    verification: tuple[Verification, ...]
-    written: tuple[str, ...]
-    trials_path: Path
-    plot_path: Path
-    wall_s: float
-    exit_status: ExitStatus
-    errors: tuple[str, ...]
-
-    def ranked(self) -> list[TrialRecord]:
-        return tune_sim.ranked(self.trials)
-
-    def baseline_trial(self) -> TrialRecord | None:
-        """The evaluated trial that ran the inventory's own configuration (the study's first), if any."""
-        space, base = self.plan.space, self.plan.baseline
-        target = {**space.params(base), **space.fields(base)} if base else None
-        if target is None:
-            return None
-        return next((t for t in sorted(self.trials, key=lambda t: t.number) if t.evaluated and t.duplicate_of is None
-                     and _same_config({**t.params, **t.fields}, target)), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        i, p = self.inputs, self.plan
-        return {
-            "mode": "live", "inventory": str(i.inventory), "service": p.service, "engine": p.engine,
-            "model": p.model, "space": p.space.name, "slots": [f"{s.host}/{s.name}" for s in p.slots],
-            "slos": [s.to_dict() for s in p.slos], "objective": i.objective, "budget": i.budget, "seed": i.seed,
-            "rate": i.rate, "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
-            "requests": i.requests, "window_s": capacity.LIVE_WINDOW_S, "sample_rule": tune_sim.sample_rule(p.slos),
-            "capacity": {"winner": tune_sim.capacity_figure(self.best),
-                         "baseline": tune_sim.capacity_figure(self.baseline_trial())},
-            "run_dir": str(i.run_dir), "trials_path": str(self.trials_path),
-            "plot_path": str(self.plot_path), "counts": self.counts, "stopped": self.stopped,
-            "deployed": self.deployed, "deployed_params": self.deployed_params,
-            "verification": [v.to_dict() for v in self.verification], "written": list(self.written),
-            "wall_s": round(self.wall_s, 1),
-            "best": None if self.best is None else tune_sim._jsonable(self.best),
-            "closest": None if self.closest is None else tune_sim._jsonable(self.closest),
-            "notes": list(p.space.notes), "trials": [tune_sim._jsonable(t) for t in self.ranked()],
-        }
 
 
 # --------------------------------------------------------------------------- 1. the plan (no host contacted)
@@ -607,7 +543,7 @@ def _same_config(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
-        progress: ProgressSink = no_progress) -> LiveTuneResult:
+        progress: ProgressSink = no_progress) -> TuneResult:
     started = time.monotonic()
     plan = prepare(inputs)
     journal = inputs.run_dir / JOURNAL
@@ -724,7 +660,7 @@ class _End:
     status: ExitStatus = ExitStatus.OK
 
 
-def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> LiveTuneResult:
+def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneResult:
     """The end as one transaction: the artifacts, the winner deployed and confirmed, then (``--write-back``) the
     inventory written.  Until that commit every failure puts the baseline back on every instance: an exception
     is raised again once it has (Ctrl-C: the interrupted error, exit 130), a winner that did not take is the
@@ -759,16 +695,40 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> LiveT
         end.status = ExitStatus.SLO_NOT_MET
         end.errors.insert(0, _nothing_met(found))
     winning = end.deployed == "winner"
-    result = LiveTuneResult(inputs=inputs, plan=plan, trials=tuple(found.trials), best=winner, closest=found.closest,
-                            counts=found.counts, stopped=found.stopped, deployed=end.deployed,
-                            deployed_params=winner_params if winning else baseline_params,
-                            verification=end.verification, written=end.written, trials_path=trials_path,
-                            plot_path=plot_path, wall_s=time.monotonic() - started, exit_status=end.status,
-                            errors=tuple(end.errors))
+    target = {**plan.space.params(plan.baseline), **plan.space.fields(plan.baseline)} if plan.baseline else None
+    result = TuneResult(
+        mode="live", subject=(f"{plan.service} ({plan.model}, {plan.engine}, space {plan.space.name}) on "
+                              f"{len(plan.slots)} instances"),
+        space=plan.space, trials=tuple(found.trials), best=winner, closest=found.closest, counts=found.counts,
+        stopped=found.stopped, trials_path=trials_path, plot_path=plot_path, exit_status=end.status,
+        errors=tuple(end.errors), wall_s=time.monotonic() - started, baseline=_baseline_trial(found.trials, target),
+        baseline_config=target,
+        deployment=Deployment(service=plan.service, deployed=end.deployed,
+                              params=winner_params if winning else baseline_params,
+                              verification=end.verification, written=end.written),
+        inputs=_echo(inputs, plan))
     import json
 
     (inputs.run_dir / RESULT).write_text(json.dumps(result.to_dict(), indent=1, default=str) + "\n")
     return result
+
+
+def _baseline_trial(trials: Sequence[TrialRecord], target: Mapping[str, Any] | None) -> TrialRecord | None:
+    """The evaluated trial that ran the inventory's own configuration (the study's first), if any."""
+    if target is None:
+        return None
+    return next((t for t in sorted(trials, key=lambda t: t.number) if t.evaluated and t.duplicate_of is None
+                 and _same_config({**t.params, **t.fields}, target)), None)
+
+
+def _echo(inputs: LiveTuneInputs, plan: LivePlan) -> dict[str, Any]:
+    """A live run's inputs and plan, for result.json and --json."""
+    return {"inventory": str(inputs.inventory), "service": plan.service, "engine": plan.engine, "model": plan.model,
+            "slots": [f"{s.host}/{s.name}" for s in plan.slots], "slos": [s.to_dict() for s in plan.slos],
+            "objective": inputs.objective, "budget": inputs.budget, "seed": inputs.seed, "rate": inputs.rate,
+            "prompt_tokens": inputs.prompt_tokens, "output_tokens": inputs.output_tokens,
+            "requests": inputs.requests, "window_s": capacity.LIVE_WINDOW_S,
+            "sample_rule": tune_sim.sample_rule(plan.slos), "run_dir": str(inputs.run_dir)}
 
 
 def _end(tune: LiveTune, winner: TrialRecord | None, overrides: dict[str, Any] | None) -> _End:
