@@ -24,6 +24,7 @@ try:
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate, platform
     from dsctl.core.network import hccn_plan, hccn_state
+    from dsctl.core.serving import multinode
     from dsctl.errors import DsctlError
     from dsctl.services import host_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
@@ -290,6 +291,24 @@ def service_instances(host_vars, overrides=None, only=None) -> list[dict]:
         raise AnsibleFilterError(str(problem)) from None
 
 
+def group_nodes(host_vars, declared=False) -> list:
+    """This host's nodes of the multi-host instances to deploy (declared=True: the names of every one it belongs to,
+    chosen or not, which the role must not retire), from the dsctl_plan entry.  Without one the host's multi-host
+    services cannot be planned here: a node's command line needs the whole group (its head's address, its ranks),
+    so plain ansible-playbook refuses them instead of starting half an instance."""
+    _require_core()
+    planned = _plan_entry(host_vars)
+    if planned is not None and "group_nodes" in planned:
+        return list(planned["group_declared"] if declared else planned["group_nodes"])
+    services = host_vars.get("dsctl_services") or []
+    spanning = [entry.get("name") for entry in services if multinode.is_multinode(_plain(entry))] \
+        if isinstance(services, list) else []
+    if spanning:
+        raise AnsibleFilterError(f"dsctl_services: {spanning[0]} spans hosts; its nodes are planned for the whole "
+                                 "group by dsctl deploy (the dsctl_plan extra var): run dsctl deploy")
+    return []
+
+
 def npu_network_plan(host_vars, host_names, hostvars) -> list[dict]:
     """This host's NPUs in the fleet's NPU network plan ({npu, address, netmask, netdetect, gateway} each; [] for a
     host without one): the dsctl_plan entry's, else planned here over the whole group (the plan derives a host's
@@ -341,6 +360,7 @@ class FilterModule:
             "dsctl_expected_env": expected_env,
             "dsctl_audit": audit_report,
             "dsctl_service_instances": service_instances,
+            "dsctl_group_nodes": group_nodes,
             "dsctl_install_steps": install_steps_of,
             "dsctl_downgrades": downgrades_of,
             "dsctl_switched_version_cfg": switched_version_cfg,

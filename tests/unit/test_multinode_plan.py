@@ -299,7 +299,7 @@ def test_no_nic_name():
 
 
 @pytest.mark.parametrize(("changes", "words"), [
-    ({"profile": None}, "profile: dsctl has no profile for 'DeepSeek-V3-w8a8'"),
+    ({"profile": None, "model": "/models/DeepSeek-V3-mine"}, "profile: dsctl has no profile for 'DeepSeek-V3-mine'"),
     ({"model": "deepseek-ai/DeepSeek-V3"}, "model: every node of a multi-host instance loads the weights itself"),
     ({"nodes": 1}, "nodes: expected an integer 2..64"),
     ({"engine": "lab-engine"}, "engine: expected vllm-ascend or mindie"),

@@ -439,7 +439,8 @@ def test_every_template_is_documented():
     assert templates == ["common/launch-env.sh.j2", "common/service.env.j2", "gateway/dsctl-gateway.service.j2",
                          "gateway/nginx.conf.j2", "lab-engine/launch.sh.j2",
                          "managers/container-run.sh.j2", "managers/supervisor.conf.j2", "managers/systemd.service.j2",
-                         "mindie/config.json.j2", "mindie/launch.sh.j2", "vllm-ascend/launch.sh.j2"]
+                         "mindie/config.json.j2", "mindie/launch.sh.j2", "vllm-ascend/launch-node.sh.j2",
+                         "vllm-ascend/launch.sh.j2"]
     for name in templates:
         assert f"`{name}`" in readme, name
     assert "dsctl.core.serving.service_render" in readme

@@ -542,6 +542,12 @@ class Head:
             server.close()
             for device_server in self._device_servers:
                 device_server.close()
+            # The connections' handlers still wait on their sockets: end them before the loop closes (else asyncio
+            # prints "Task was destroyed but it is pending!" into the log the deploy's gate reports from).
+            handlers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
 
     def _set_fatal(self, message: str) -> None:
         with self._lock:

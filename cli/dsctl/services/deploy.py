@@ -18,7 +18,8 @@ from typing import Any
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.serving import service_render
-from dsctl.errors import DsctlError, ExitStatus, UsageError
+from dsctl.core.serving.multinode import MultiNodeError
+from dsctl.errors import DsctlError, ExitStatus
 from dsctl.services import deploy_plan, host_plan
 from dsctl.services.deploy_plan import DeployPlan, plan_deploy
 from dsctl.services.fleet import check_playbook_options, load_fleet
@@ -171,17 +172,16 @@ class RolloutTracker:
 def prepare(inputs: DeployInputs) -> DeployPlan:
     """Read and validate the fleet, then plan: every problem is one line before any host is contacted."""
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
-    groups = next((settings.host_groups for settings in fleet.settings.values()), ())
-    if groups:
-        # Planned and checked (validate_fleet, dsctl check pairs their NPUs), not started yet: issue 22, item 3.
-        raise UsageError(f"dsctl_services: {groups[0].service} spans hosts ({groups[0].name}: "
-                         f"{', '.join(groups[0].hosts)}); dsctl deploy does not start multi-host instances yet: "
-                         "remove it from dsctl_services to deploy the others (dsctl check already checks its hosts' "
-                         "NPU plane)")
     fleet.check_gateways()  # the gateway play runs after every instance rolled out: its problems are found here
-    plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings},
-                       overrides=inputs.overrides, instances=inputs.instances)
-    return dataclasses.replace(plan, host_plans=fleet.plan(overrides=inputs.overrides, only=plan.only))
+    addresses = {host: fleet.address(host) for host in fleet.settings}
+    try:
+        groups = host_plan.plan_groups(fleet.settings, addresses, only=inputs.instances)
+    except MultiNodeError as refused:
+        raise DsctlError(f"dsctl_services: {refused}", refused.exit_status) from None
+    plan = plan_deploy(fleet.settings, addresses, overrides=inputs.overrides, instances=inputs.instances,
+                       groups=[instance for _, instance in groups])
+    return dataclasses.replace(plan, host_plans=fleet.plan(overrides=inputs.overrides, only=plan.only, groups=groups),
+                               groups=tuple(instance for _, instance in groups))
 
 
 def render(inputs: DeployInputs) -> RenderResult:
@@ -201,6 +201,13 @@ def render(inputs: DeployInputs) -> RenderResult:
             files += [RenderedFile(host=host, instance=name, path=item.path, mode=f"0{item.mode:o}",
                                    content=SECRET_SHOWN if item.secret else item.content)
                       for item in rendered[name]]
+    addresses = {node.host: node.address for group in plan.groups for node in group.nodes}
+    groups = host_plan.plan_groups(plan.settings, addresses, only=inputs.instances) if plan.groups else []
+    for host, nodes in host_plan.rendered_nodes(plan.settings, groups).items():
+        if hosts is not None and host not in hosts:
+            continue
+        files += [RenderedFile(host=host, instance=node["name"], path=item["path"], mode=item["mode"],
+                               content=item["content"]) for node in nodes for item in node["files"]]
     return RenderResult(files=tuple(files))
 
 
@@ -230,5 +237,16 @@ def deploy(runner: PlaybookRunner, inputs: DeployInputs, progress: ProgressSink 
             rows.append(DeployedInstance(host=name, instance=planned.instance.name, engine=planned.spec.engine,
                                          npus=planned.instance.visible_devices, port=planned.instance.port,
                                          status=status, endpoint=planned.endpoint))
+        for instance in plan.groups:
+            node = next((node for node in instance.nodes if node.host == name), None)
+            if node is None:
+                continue
+            status = reported.get(instance.name) or (
+                "unreachable" if outcome.status == "unreachable" else "checked" if inputs.check else "not reached")
+            role = "head" if node.is_head else f"node {node.node_rank}"
+            endpoint = f"http://{node.address}:{instance.port}/v1" if node.is_head else f"(headless, {role})"
+            rows.append(DeployedInstance(host=name, instance=instance.name, engine=instance.engine,
+                                         npus=node.visible_devices, port=instance.port, status=status,
+                                         endpoint=endpoint))
     return DeployResult(instances=tuple(rows), check_mode=inputs.check, exit_status=run.exit_status(),
                         errors=tuple(failure_lines(run)), rerun=tuple(hosts_to_rerun(run)), run=run)

@@ -13,6 +13,7 @@ from typing import Any
 
 from dsctl.core.fleet.inventory_schema import HostSettings
 from dsctl.core.serving import service
+from dsctl.core.serving.multinode import MultiNodeInstance
 from dsctl.core.serving.service import Instance, ServiceSpec
 from dsctl.errors import UsageError
 
@@ -61,6 +62,8 @@ class DeployPlan:
     only: tuple[str, ...] | None  # instance names handed to the play, None: all
     # The dsctl_plan extra var (services/host_plan.py) when the verb computed one for the play.
     host_plans: Mapping[str, Any] | None = None
+    # The multi-host instances deployed with them (dsctl.core.serving.multinode), head first.
+    groups: tuple[MultiNodeInstance, ...] = ()
 
     def of_host(self, host: str) -> list[PlannedInstance]:
         return [planned for planned in self.instances if planned.host == host]
@@ -79,11 +82,14 @@ def _listed(names: Collection[str]) -> str:
 
 def plan_deploy(settings: Mapping[str, HostSettings], addresses: Mapping[str, str], *,
                 overrides: Mapping[str, Mapping[str, Any]] | None = None,
-                instances: Collection[str] | None = None) -> DeployPlan:
+                instances: Collection[str] | None = None,
+                groups: Collection[MultiNodeInstance] = ()) -> DeployPlan:
     """Check ``overrides`` and ``instances`` (names of instances, "chat-1", or of services, "chat") against
     the fleet and lay the chosen instances out. UsageError (one line naming the option) before any play."""
     overrides = overrides or {}
     services, instance_names = _known(settings)
+    services |= {group.service for group in groups}  # the multi-host ones (--instance names them too)
+    group_names = {group.name for group in groups}
     for name in overrides:
         if name not in services:
             raise UsageError(f"--param {name}: no service {name!r} in dsctl_services (known: {_listed(services)})")
@@ -91,10 +97,10 @@ def plan_deploy(settings: Mapping[str, HostSettings], addresses: Mapping[str, st
     if instances is not None:
         picked: list[str] = []
         for name in instances:
-            if name not in services and name not in instance_names:
+            if name not in services and name not in instance_names | group_names:
                 raise UsageError(f"--instance {name}: no such instance or service (instances: "
                                  f"{_listed(instance_names)}; services: {_listed(services)})")
-            picked += [name] if name in instance_names else sorted(
+            picked += [name] if name in instance_names | group_names else sorted(
                 planned for planned in instance_names if planned.rsplit("-", 1)[0] == name)
         only = tuple(dict.fromkeys(picked))
     applied: dict[str, HostSettings] = {}

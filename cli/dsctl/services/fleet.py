@@ -51,10 +51,12 @@ class Fleet:
         gateway.check_gateways(self.gateway_vars, self.fleet_vars or self.hostvars)
 
     def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
-             only: Collection[str] | None = None) -> dict[str, Any]:
-        """The dsctl_plan extra var of these hosts (host_plan.plan_fleet over the settings validated here)."""
+             only: Collection[str] | None = None, groups: list[Any] | None = None) -> dict[str, Any]:
+        """The dsctl_plan extra var of these hosts (host_plan.plan_fleet over the settings validated here);
+        ``groups``: the multi-host instances deploy starts (host_plan.plan_groups)."""
         return host_plan.as_extra_var(
-            host_plan.plan_fleet(self.hostvars, validated=self.settings, overrides=overrides, only=only))
+            host_plan.plan_fleet(self.hostvars, validated=self.settings, overrides=overrides, only=only,
+                                 groups=groups))
 
 
 def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str | None = None) -> Fleet:

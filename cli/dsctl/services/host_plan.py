@@ -28,7 +28,9 @@ from typing import Any
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.fleet.inventory_schema import HostSettings
 from dsctl.core.network.hccn_plan import NetworkPlan
-from dsctl.core.serving import service, service_render
+from dsctl.core.serving import multinode, multinode_render, service, service_render
+from dsctl.core.serving.multinode import MultiNodeInstance, MultiNodeSpec, NodeFacts
+from dsctl.errors import ExitStatus
 from dsctl.services import deploy_plan
 
 PLAN_VAR = "dsctl_plan"
@@ -116,17 +118,111 @@ def rendered_instances(settings: HostSettings, overrides: Mapping[str, Mapping[s
     return instances
 
 
+def _node_facts(host: str, settings: HostSettings, address: str, chip: str) -> NodeFacts:
+    stack = settings.stack
+    return NodeFacts(name=host, address=address, npu_count=settings.dsctl_npu_count, chip=chip,
+                     cann=stack.cann if stack else None, driver=stack.driver if stack else None,
+                     vllm_ascend=stack.vllm_ascend if stack else None, torch_npu=stack.torch_npu if stack else None)
+
+
+def plan_groups(settings: Mapping[str, HostSettings], addresses: Mapping[str, str],
+                only: Collection[str] | None = None) -> list[tuple[MultiNodeSpec, MultiNodeInstance]]:
+    """Every multi-host instance these hosts hold (`multinode.plan_services`, checked as a whole against the
+    hosts' desired stacks), each with its service; ``only`` (instance or service names) narrows them.  A --limit
+    that holds some nodes of an instance but not all is refused: its nodes start and fail together.
+    `MultiNodeError`, one line."""
+    specs: dict[str, MultiNodeSpec] = {}
+    pools: dict[str, list[str]] = {}
+    for host, host_settings in settings.items():
+        for spec in host_settings.multi_host_services:
+            specs.setdefault(spec.name, spec)
+            pools.setdefault(spec.name, []).append(host)
+    if not specs:
+        return []
+    originals = dict(specs)
+    groups = next((host_settings.host_groups for host_settings in settings.values()), ())
+    for group in groups:
+        inside = [host for host in group.hosts if host in settings]
+        if inside and len(inside) < len(group.hosts):
+            missing = ", ".join(host for host in group.hosts if host not in settings)
+            raise multinode.MultiNodeError(
+                f"--limit: instance {group.name} spans {', '.join(group.hosts)}, but {missing} is left out; its nodes "
+                "start and fail together: limit to all of them or none", ExitStatus.USAGE)
+    # The groups the whole fleet is cut into (validate_fleet), those inside the limit with their fleet-wide numbers.
+    inside_groups = [group for group in groups if group.hosts[0] in settings]
+    specs = {name: spec.model_copy(update={"host_groups": [list(group.hosts) for group in inside_groups
+                                                           if group.service == name]})
+             for name, spec in specs.items()}
+    numbers = {name: [group.index for group in inside_groups if group.service == name] for name in specs}
+    chips = {host: spec.chip for spec in specs.values() for host in pools[spec.name]}
+    hosts = [_node_facts(host, host_settings, addresses.get(host, host), chips.get(host, "910B3"))
+             for host, host_settings in settings.items()]
+    first = next(iter(settings.values()))
+    taken = {host: {npu: planned.name for planned in service.plan_host(host_settings.services,
+                                                                       host_settings.dsctl_npu_count)
+                    for npu in planned.npus}
+             for host, host_settings in settings.items()}
+    for spec in specs.values():
+        problem = multinode_render.deploy_problem(spec)
+        if problem is not None:
+            raise multinode.MultiNodeError(problem, ExitStatus.USAGE)
+    planned = multinode.plan_services(list(specs.values()), hosts, network=first.network_plan or NetworkPlan(),
+                                      pools=pools, taken=taken, config_dir=first.dsctl_service_config_dir,
+                                      numbers=numbers)
+    chosen = [instance for instance in planned
+              if only is None or instance.name in only or instance.service in only]
+    return [(originals[instance.service], instance) for instance in chosen]
+
+
+def rendered_nodes(settings: Mapping[str, HostSettings],
+                   groups: list[tuple[MultiNodeSpec, MultiNodeInstance]]) -> dict[str, list[dict[str, Any]]]:
+    """Host -> its nodes of multi-host instances, each in the shape `rendered_instances` gives a single-host
+    instance (the role rolls a node out as one) plus ``multinode``: the instance's hosts, head first, and this node's
+    rank and role."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for spec, instance in groups:
+        for node in instance.nodes:
+            host_settings = settings[node.host]
+            venv = spec.venv or host_settings.dsctl_serving_venv
+            spec = spec.model_copy(update={"manager": spec.manager or host_settings.dsctl_service_manager})
+            files = multinode_render.render_node(
+                spec, instance, node, env=host_settings.environment, config_dir=host_settings.dsctl_service_config_dir,
+                log_dir=host_settings.dsctl_service_log_dir, install_path=host_settings.dsctl_install_path, venv=venv)
+            unit = f"dsctl-{instance.name}"
+            command, pattern = PROCESS_CHECKS[spec.manager]
+            found.setdefault(node.host, []).append({
+                "name": instance.name, "service": spec.name, "unit": unit, "engine": spec.engine,
+                "manager": spec.manager, "port": instance.port, "npus": list(node.npus), "bind": spec.bind,
+                "model": spec.served_name, "user": spec.user, "group": spec.group,
+                "dir": f"{host_settings.dsctl_service_config_dir}/{instance.name}",
+                "log_file": f"{host_settings.dsctl_service_log_dir}/{instance.name}.log",
+                "health_timeout": spec.health_timeout_s, "kind": "openai", "api_key": None,
+                "process_check": [part.format(unit=unit, runtime="docker") for part in command],
+                "process_pattern": pattern,
+                "fingerprint": service_render.fingerprint(files),
+                "stack_paths": {"install_path": host_settings.dsctl_install_path, "venv": venv},
+                "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
+                           "group": f.group, "secret": f.secret, "role": f.role} for f in files],
+                "multinode": {"hosts": list(instance.hosts), "head": instance.head.host, "node_rank": node.node_rank,
+                          "headless": node.headless, "address": instance.head.address},
+            })
+    return found
+
+
 def _holds_secret(instances: list[dict[str, Any]]) -> bool:
     return any(item["api_key"] is not None or any(f["secret"] for f in item["files"]) for item in instances)
 
 
 def plan_fleet(hostvars: Mapping[str, Mapping[str, Any]], *, validated: Mapping[str, HostSettings] | None = None,
                overrides: Mapping[str, Mapping[str, Any]] | None = None,
-               only: Collection[str] | None = None) -> dict[str, Any]:
+               only: Collection[str] | None = None,
+               groups: list[tuple[MultiNodeSpec, MultiNodeInstance]] | None = None) -> dict[str, Any]:
     """The ``dsctl_plan`` extra var for these hosts (JSON-serialisable). ``validated``: validate_fleet's result
-    when the verb has it already (else validated here; InventoryError on bad input)."""
+    when the verb has it already (else validated here; InventoryError on bad input); ``groups``: the multi-host
+    instances to deploy (`plan_groups`; each host's ``group_nodes``, else none)."""
     overrides = {str(name): dict(params) for name, params in (overrides or {}).items()}
     settings = dict(validated) if validated is not None else inventory_schema.validate_fleet(hostvars)
+    nodes = rendered_nodes(settings, groups or [])
     hosts: dict[str, Any] = {}
     for host in hostvars:
         instances: list[dict[str, Any]] | None = rendered_instances(settings[host], overrides)
@@ -135,6 +231,9 @@ def plan_fleet(hostvars: Mapping[str, Mapping[str, Any]], *, validated: Mapping[
         addresses = settings[host].npu_addresses
         hosts[str(host)] = {"settings": host_settings(str(host), settings_vars(hostvars[host])),
                             "stack": stack_template(settings[host]), "instances": instances,
+                            "group_nodes": nodes.get(str(host), []),
+                            "group_declared": sorted(group.name for group in settings[host].host_groups
+                                                     if str(host) in group.hosts),
                             "npu_network": NetworkPlan((addresses,)).to_dict()[addresses.host] if addresses else None}
     return {"version": PLAN_VERSION, "fleet": sorted(hosts), "overrides": overrides,
             "only": list(only) if only is not None else None, "hosts": hosts}

@@ -304,6 +304,9 @@ class FleetHost:
     address: str
     services: tuple[ServiceSpec, ...]
     npu_count: int
+    # The multi-host instances whose head this host is (instance name, its service): only a head serves the API,
+    # so only heads are members (a headless worker has no port to balance to).
+    heads: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -372,7 +375,7 @@ def member_ids(value: Any, field: str) -> list[str]:
     return ids
 
 
-def _address(host: FleetHost, spec: ServiceSpec, target: GatewayTarget, route_index: int) -> str:
+def _address(host: FleetHost, spec: Any, target: GatewayTarget, route_index: int) -> str:
     if spec.bind in _WILDCARD:
         return host.address
     if spec.bind in _LOOPBACK and not (not target.on_controller and target.name == host.name):
@@ -396,6 +399,12 @@ def plan_gateway(target: GatewayTarget, fleet: Sequence[FleetHost], *, drained: 
     for service_name, route_index in fronted.items():
         members = []
         for host in fleet:
+            for instance_name, head_spec in host.heads:
+                if head_spec.name == service_name:
+                    member_id = f"{host.name}/{instance_name}"
+                    members.append(Member(host.name, instance_name, service_name,
+                                          _address(host, head_spec, target, route_index), head_spec.port_base,
+                                          DRAINED if member_id in wanted_drained else UP))
             by_name = {s.name: s for s in host.services}
             if service_name not in by_name:
                 continue
@@ -408,7 +417,8 @@ def plan_gateway(target: GatewayTarget, fleet: Sequence[FleetHost], *, drained: 
                 members.append(Member(host.name, planned.name, service_name, address, planned.port,
                                       DRAINED if member_id in wanted_drained else UP))
         if not members:
-            raise _unknown_service(target, route_index, service_name, {s.name for host in fleet for s in host.services})
+            raise _unknown_service(target, route_index, service_name, {s.name for host in fleet for s in host.services}
+                                   | {spec.name for host in fleet for _, spec in host.heads})
         upstreams[service_name] = tuple(members)
     known_ids = {member.id for members in upstreams.values() for member in members}
     for var, ids in ((DRAIN_VAR, drain), (UNDRAIN_VAR, undrain)):
@@ -553,7 +563,14 @@ def fleet_hosts(fleet_vars: Mapping[str, Mapping[str, Any]], settings: Mapping[s
     """The planner's view of the fleet: ``settings`` are `validate_fleet`'s (services, dsctl_npu_count), each
     host reached at its ``ansible_host`` (else its inventory name)."""
     return [FleetHost(str(name), str(values.get("ansible_host", name)), tuple(settings[name].services),
-                      int(settings[name].dsctl_npu_count)) for name, values in fleet_vars.items()]
+                      int(settings[name].dsctl_npu_count), _heads(str(name), settings[name]))
+            for name, values in fleet_vars.items()]
+
+
+def _heads(name: str, settings: Any) -> tuple[tuple[str, Any], ...]:
+    specs = {spec.name: spec for spec in getattr(settings, "multi_host_services", ())}
+    return tuple((group.name, specs[group.service]) for group in getattr(settings, "host_groups", ())
+                 if group.hosts[0] == name and group.service in specs)
 
 
 def plan_inventory(gateway_hosts: Mapping[str, Mapping[str, Any]], fleet_vars: Mapping[str, Mapping[str, Any]],

@@ -44,7 +44,20 @@ from dsctl.core.network.hccn_plan import NetworkPlan
 from dsctl.core.network.rank_table import FILE_NAME, RankMember, RankTableError, build_rank_table
 from dsctl.core.perf import perfmodel
 from dsctl.core.perf.estimate import WEIGHT_FORMATS, estimate
-from dsctl.core.serving.service import DEFAULT_PORT, Count, Instance, ModelRef, ServiceError, Slug, check_env
+from dsctl.core.serving.service import (
+    DEFAULT_PORT,
+    AccountName,
+    BindAddress,
+    Count,
+    Instance,
+    ModelRef,
+    SafePath,
+    ServedName,
+    ServiceError,
+    ServiceGroup,
+    Slug,
+    check_env,
+)
 from dsctl.core.serving.service_render import DEFAULT_CONFIG_DIR
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
@@ -110,9 +123,24 @@ class MultiNodeSpec(BaseModel):
     max_model_len: Annotated[int | None, Field(strict=True, ge=2, le=1_048_576,
                                                description="an integer 2..1048576 (tokens)")] = None
     gpu_memory_utilization: Annotated[float, Field(strict=True, gt=0, le=1, description="a number in (0, 1]")] = 0.9
-    manager: Annotated[Literal["systemd", "supervisor", "container"],
-                       Field(description="systemd, supervisor or container")] = "systemd"
+    manager: Annotated[Literal["systemd", "supervisor", "container"] | None,
+                       Field(description="systemd, supervisor or container (default: the host's "
+                                         "dsctl_service_manager)")] = None
     env: Annotated[dict[str, Any], Field(description="a mapping of VARIABLE: value")] = Field(default_factory=dict)
+    # What deploy renders and runs on each node (dsctl.core.serving.multinode_render), as for single-host services.
+    served_model_name: Annotated[ServedName | None, Field(description="a name of letters, digits and ._/:- "
+                                                                      "(default: the model's last path part)")] = None
+    bind: Annotated[BindAddress, Field(description="an IP address such as 0.0.0.0 or 127.0.0.1 (the head's API)")] = \
+        "0.0.0.0"
+    allow_unauthenticated: Annotated[bool, Field(strict=True, description="true or false (unquoted)")] = False
+    user: Annotated[AccountName, Field(description="a user name (not root)")] = "dsctl-serve"
+    group: Annotated[ServiceGroup, Field(description="a group name other than root, sudo, wheel, adm")] = "HwHiAiUser"
+    venv: Annotated[SafePath | None, Field(description="an absolute path (default: the host's dsctl_serving_venv)")] \
+        = None
+    # A large MoE group loads hundreds of GB per node and waits HCCL_CONNECT_TIMEOUT for its peers: 30 min.
+    health_timeout_s: Annotated[int, Field(strict=True, ge=1, le=86400,
+                                           description="a number of seconds 1..86400")] = 1800
+    chip: Annotated[Text, Field(description="the NPU's npu-smi name such as 910B3 (estimate's fit check)")] = "910B3"
 
     @field_validator("env")
     @classmethod
@@ -195,6 +223,10 @@ class MultiNodeSpec(BaseModel):
     @property
     def port_base(self) -> int:
         return self.port if self.port is not None else DEFAULT_PORT[self.engine]
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or posixpath.basename(self.model.rstrip("/"))
 
     @property
     def max_len(self) -> int:
@@ -522,7 +554,8 @@ def _fit_problem(spec: MultiNodeSpec, label: str, chip: str) -> tuple[ExitStatus
     return ExitStatus.VALIDATION_FAILED, (
         f"{label}: {model.name} ({spec.weights}, {verdict.weights_gb:.0f} GB of weights) does not fit on {world} "
         f"{chip} NPUs ({spec.nodes} x {spec.npus_per_node}) with a {spec.max_len}-token context: {bound}; raise "
-        "nodes, use W8A8 weights (weights: int8), or lower max_model_len")
+        + ("nodes, use W8A8 weights (weights: int8), or lower max_model_len" if spec.weights == "bf16"
+           else "nodes, or lower max_model_len"))
 
 
 def _vllm_argv(spec: MultiNodeSpec, node_rank: int, head_address: str) -> tuple[str, ...]:
@@ -610,8 +643,12 @@ def _instance(spec: MultiNodeSpec, index: int, group: Sequence[NodeFacts], netwo
 def plan_services(specs: Sequence[MultiNodeSpec], hosts: Sequence[NodeFacts], *, network: NetworkPlan,
                   pools: Mapping[str, Sequence[str]] | None = None,
                   taken: Mapping[str, Mapping[int, str]] | None = None,
-                  config_dir: str = DEFAULT_CONFIG_DIR) -> list[MultiNodeInstance]:
+                  config_dir: str = DEFAULT_CONFIG_DIR,
+                  numbers: Mapping[str, Sequence[int]] | None = None) -> list[MultiNodeInstance]:
     """Every instance of every multi-host service, checked as a whole before anything is touched.
+
+    ``numbers``: per service, the instance numbers of its groups in order (default 0, 1, ...): a --limit plans only
+    some of the fleet's groups, which keep the numbers the whole fleet gives them.
 
     ``hosts`` are the fleet's hosts in inventory order; ``pools`` names, per service, the hosts that declare it
     (default: all of them), cut in order into groups of ``nodes`` unless the service lists ``host_groups``;
@@ -634,7 +671,7 @@ def plan_services(specs: Sequence[MultiNodeSpec], hosts: Sequence[NodeFacts], *,
         except MultiNodeError as invalid:
             problems.append((invalid.exit_status, str(invalid)))
             continue
-        for index, group in enumerate(groups):
+        for index, group in zip((numbers or {}).get(spec.name) or range(len(groups)), groups, strict=True):
             label = f"service {spec.name}: instance {spec.name}-{index} ({', '.join(host.name for host in group)})"
             found = _group_problem(spec, label, group, network, claimed, f"{spec.name}-{index}") or \
                 _fit_problem(spec, label, group[0].chip)
