@@ -1,7 +1,8 @@
 """DeepSeek-V3 (W8A8) as 2 instances of 2 hosts each, deployed, health-gated and rolled back as wholes (issue 22).
 
-A 5-host lab: lab-01..lab-04 are the fleet (default HDK and CANN preinstalled, the serving venv provisioned, the NPU
-plane set by provision), lab-05 runs the nginx gateway in front of the instances' heads.  Each instance is vllm-ascend
+A 5-host lab: lab-01..lab-04 are the fleet (HDK 25.3.rc1 and CANN 8.3.RC2 preinstalled, vllm-ascend v0.11.0 and the NPU
+plane set by provision; the stack test_upgrade.py starts from), lab-05 runs the nginx gateway in front of the
+instances' heads.  Each instance is vllm-ascend
 multi-node data parallel with expert parallel (DP 4 x TP 4, 2 DP ranks per node): the head serves the API, the worker
 runs --headless; the lab's stand-in `vllm` is the emulated engine, whose ranks link over the lab's NPU plane (real
 sockets, HCCL's handshake and timeouts).  The instance's HCCL_CONNECT_TIMEOUT is CANN's minimum, 120 s, at the lab's
@@ -12,6 +13,8 @@ The tests run in order and each starts from the state the previous one left."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +23,9 @@ import yaml
 
 from dsctl.core.network.rank_table import check_rank_table
 
-from .conftest import address, bring_up, default_hdk_and_cann, dsctl, lab_capable
+from .conftest import address, bring_up, dsctl, lab_capable
+from .gateway_load import GatewayLoad
+from .upgrade_fleet import DRIVER, FIRMWARE, LIMITS, TOOLKIT, UPGRADE_TIMEOUT, active_cann
 
 pytestmark = pytest.mark.lab
 
@@ -35,13 +40,15 @@ DEEPSEEK = {"name": "deepseek", "engine": "vllm-ascend", "model": "/models/DeepS
 def write_inventory(lab, path: Path, service: dict) -> Path:
     data = yaml.safe_load(lab.inventory.read_text())
     nodes = data["all"]["children"]["npu_nodes"]
-    nodes["vars"]["dsctl_services"] = [service]
+    nodes["vars"].update(dsctl_driver_version=DRIVER, dsctl_firmware_version=FIRMWARE, dsctl_cann_version="8.3.RC2",
+                         dsctl_vllm_ascend_version="v0.11.0", dsctl_services=[service])
     gateway_host = nodes["hosts"].pop("lab-05")
     connection = {key: nodes["vars"][key] for key in ("ansible_user", "ansible_ssh_private_key_file",
                                                       "ansible_ssh_common_args", "ansible_python_interpreter")}
     data["all"]["children"]["gateway"] = {
         "hosts": {"lab-05": gateway_host},
-        "vars": {**connection, "dsctl_gateway": {"services": [{"service": "deepseek", "port": GATEWAY_PORT}]}}}
+        "vars": {**connection, "dsctl_gateway": {"services": [{"service": "deepseek", "port": GATEWAY_PORT}],
+                                                 "drain_timeout_s": 120, "health_timeout_s": 120}}}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -50,7 +57,7 @@ def write_inventory(lab, path: Path, service: dict) -> Path:
 def fleet(tmp_path_factory):
     if not lab_capable():
         pytest.skip("the lab needs Linux and root")
-    lab = bring_up("--hosts", "5", *default_hdk_and_cann())
+    lab = bring_up("--hosts", "5", "--driver", DRIVER, "--firmware", FIRMWARE, "--cann", "8.3.RC2")
     try:
         path = write_inventory(lab, tmp_path_factory.mktemp("multihost") / "hosts.yml", DEEPSEEK)
         result = dsctl("provision", str(path), check=False)
@@ -146,19 +153,54 @@ def test_a_configuration_that_cannot_start_rolls_every_node_back_and_the_previou
     assert "--data-parallel-rpc-port 13389" in lab.sh_ok("lab-04", "cat /etc/dsctl/services/deepseek-1/launch.sh")
 
 
-def test_a_node_cut_off_the_npu_plane_fails_the_deploy_naming_the_ranks_that_could_not_join(fleet):
+def test_a_node_cut_off_the_npu_plane_fails_the_deploy_naming_its_ranks_and_the_previous_serves_again(fleet):
+    """The NPU plane fails lab-04 for the new configuration's join (a partition healed once HCCL gave up, as a
+    flapping switch port would): the deploy fails naming the ranks that never linked and every node rolls back.  The
+    previous configuration needs the same links: it serves again because they are back (under a partition that
+    lasts, the report says the previous configuration does not serve either)."""
     lab, path = fleet
+    log = "/var/log/dsctl/deepseek-1.log"
+    failures_before = int(lab.sh_ok("lab-03", f"grep -c 'could not link rank' {log} || true").strip() or 0)
+    outcome: dict = {}
     dsctl("lab", "fault", "lab-04", "npu-plane-partition")
     try:
-        code, report, _ = deploy(path, "--instance", "deepseek-1", "--restart")
-        assert code != 0
-        errors = " ".join(report["errors"])
-        assert "HCCL could not link rank 0 with rank(s) 8, 9, 10, 11, 12, 13, 14, 15" in errors, errors
-        assert "(EI0006)" in errors
-        # the previous configuration needs the same links: the report says it does not serve either
-        assert statuses(report) == {"lab-03": ("deepseek-1", "failed"), "lab-04": ("deepseek-1", "failed")}
+        worker = threading.Thread(target=lambda: outcome.update(
+            result=dsctl("deploy", str(path), "--json", "--instance", "deepseek-1", "--restart", check=False)))
+        worker.start()
+        deadline = time.monotonic() + 300  # HCCL_CONNECT_TIMEOUT 120 s at time scale 0.5, plus the start-up
+        while time.monotonic() < deadline:
+            count = int(lab.sh_ok("lab-03", f"grep -c 'could not link rank' {log} || true").strip() or 0)
+            if count > failures_before or not worker.is_alive():
+                break
+            time.sleep(2)
     finally:
         dsctl("lab", "fault", "lab-04", "npu-plane-heal")
-    code, report, err = deploy(path, "--instance", "deepseek-1", "--restart")
-    assert code == 0, (report, err)
+    worker.join(timeout=600)
+    result = outcome["result"]
+    report = json.loads(result.stdout)
+    assert result.returncode != 0, report
+    errors = " ".join(report["errors"])
+    assert "HCCL could not link rank 0 with rank(s) 8, 9, 10, 11, 12, 13, 14, 15" in errors, errors
+    assert "(EI0006)" in errors and "rolled back on every node, the previous configuration serves again" in errors
+    assert statuses(report) == {"lab-03": ("deepseek-1", "rolled back"), "lab-04": ("deepseek-1", "rolled back")}
     assert complete(f"http://{address('lab-05')}:{GATEWAY_PORT}")["usage"]["completion_tokens"] == 4
+
+
+def test_an_upgrade_moves_each_instances_hosts_together_and_the_gateway_loses_no_request(fleet):
+    lab, path = fleet
+    with GatewayLoad(f"http://{address('lab-05')}:{GATEWAY_PORT}", "--rate", "2", "--duration", "20",
+                     "--prompt-tokens", "32", "--output-tokens", "16") as load:
+        result = dsctl("upgrade", str(path), "--json", "--cann", "8.5.0", "--vllm-ascend", "v0.13.0",
+                       "--max-regression", LIMITS, check=False, timeout=UPGRADE_TIMEOUT)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, report["errors"]
+    rows = {row["host"]: (row["batch"], row["status"]) for row in report["data"]["hosts"]}
+    # the canary is a whole instance (both its hosts), then the other instance
+    assert rows == {"lab-01": (1, "upgraded"), "lab-02": (1, "upgraded"), "lab-03": (2, "upgraded"),
+                    "lab-04": (2, "upgraded")}
+    for host in NODES:
+        assert active_cann(lab, host) == "8.5.0"
+        assert lab.sh(host, f"test -e {TOOLKIT}/8.3.RC2").exit_code == 0  # kept for a rollback
+    assert not load.problems, load.problems
+    assert len(load.runs) >= 2 and load.completed > 0
+    assert load.failed == 0, load.runs

@@ -214,3 +214,22 @@ def test_a_whole_inventory_is_planned_from_validated_settings():
                                     fleet_vars, settings)
     assert [m.server for m in plan.members] == ["10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.0.0.2:8001"]
     assert gateway.plan_inventory({}, fleet_vars, settings) == []
+
+
+def test_a_multi_host_service_is_balanced_over_its_heads_only():
+    from dsctl.core.fleet.inventory_schema import validate_fleet
+    from dsctl.core.lab.plan import npu_network_settings
+
+    deepseek = {"name": "deepseek", "engine": "vllm-ascend", "model": "/models/DeepSeek-V3-w8a8", "weights": "int8",
+                "nodes": 2, "npus_per_node": 8, "tensor_parallel_size": 4, "data_parallel_size": 4,
+                "enable_expert_parallel": True, "socket_ifname": "eth0", "allow_unauthenticated": True}
+    names = [f"lab-0{k}" for k in range(1, 5)]
+    fleet_vars = {name: {"dsctl_npu_count": 8, "dsctl_package_source": "/srv", "dsctl_services": [deepseek],
+                         "dsctl_npu_network": npu_network_settings(8), "ansible_host": f"10.0.0.{k}"}
+                  for k, name in enumerate(names, start=1)}
+    settings = validate_fleet({name: {k: v for k, v in values.items() if k.startswith("dsctl_")}
+                               for name, values in fleet_vars.items()})
+    [plan] = gateway.plan_inventory({"gw": {"dsctl_gateway": {"services": [{"service": "deepseek", "port": 80}]}}},
+                                    fleet_vars, settings)
+    assert [(m.id, m.server) for m in plan.members] == [("lab-01/deepseek-0", "10.0.0.1:8000"),
+                                                        ("lab-03/deepseek-1", "10.0.0.3:8000")]

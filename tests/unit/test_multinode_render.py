@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
+from dsctl.assets import asset_root
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.lab.plan import npu_network_settings
 from dsctl.core.network.rank_table import check_rank_table
@@ -124,3 +126,11 @@ def test_only_narrows_to_the_named_instance_or_service():
     assert [i.name for _, i in host_plan.plan_groups(fleet, ADDRESSES, only=["deepseek"])] == ["deepseek-0",
                                                                                               "deepseek-1"]
     assert host_plan.plan_groups(fleet, ADDRESSES, only=["chat"]) == []
+
+
+def test_the_shipped_example_plans_two_instances_of_two_hosts():
+    example = yaml.safe_load((asset_root() / "inventories" / "examples" / "deepseek-v3-2x2.yml").read_text())
+    (service,) = example["dsctl_services"]
+    planned = nodes(service)
+    assert [node["name"] for host in HOSTS for node in planned[host]] == ["deepseek-0"] * 2 + ["deepseek-1"] * 2
+    assert "--quantization ascend" in files(planned["lab-01"][0])["launch.sh"]

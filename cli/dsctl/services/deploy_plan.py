@@ -13,7 +13,7 @@ from typing import Any
 
 from dsctl.core.fleet.inventory_schema import HostSettings
 from dsctl.core.serving import service
-from dsctl.core.serving.multinode import MultiNodeInstance
+from dsctl.core.serving.multinode import MultiNodeInstance, MultiNodeSpec
 from dsctl.core.serving.service import Instance, ServiceSpec
 from dsctl.errors import UsageError
 
@@ -48,7 +48,7 @@ class PlannedInstance:
     host: str
     address: str
     instance: Instance
-    spec: ServiceSpec
+    spec: ServiceSpec | MultiNodeSpec  # a multi-host instance's head (services/upgrade.py drains and gates it)
 
     @property
     def endpoint(self) -> str:

@@ -174,6 +174,16 @@ def plan_groups(settings: Mapping[str, HostSettings], addresses: Mapping[str, st
     return [(originals[instance.service], instance) for instance in chosen]
 
 
+def _rank_ranges(instance: MultiNodeInstance) -> str:
+    """"lab-03 ranks 0-7, lab-04 ranks 8-15": which node holds which HCCL ranks (the rank table's order), for the
+    failure a rank that never joined produces (HCCL names ranks, the user thinks in hosts)."""
+    parts, first = [], 0
+    for node in instance.nodes:
+        parts.append(f"{node.host} ranks {first}-{first + len(node.npus) - 1}")
+        first += len(node.npus)
+    return ", ".join(parts)
+
+
 def rendered_nodes(settings: Mapping[str, HostSettings],
                    groups: list[tuple[MultiNodeSpec, MultiNodeInstance]]) -> dict[str, list[dict[str, Any]]]:
     """Host -> its nodes of multi-host instances, each in the shape `rendered_instances` gives a single-host
@@ -204,6 +214,7 @@ def rendered_nodes(settings: Mapping[str, HostSettings],
                 "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
                            "group": f.group, "secret": f.secret, "role": f.role} for f in files],
                 "multinode": {"hosts": list(instance.hosts), "head": instance.head.host, "node_rank": node.node_rank,
+                              "ranks": _rank_ranges(instance),
                           "headless": node.headless, "address": instance.head.address},
             })
     return found

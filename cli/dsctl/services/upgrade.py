@@ -50,6 +50,8 @@ from dsctl.core.fleet import sha256sums
 from dsctl.core.fleet.versions import same_version
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import LengthSpec
+from dsctl.core.serving.multinode import MultiNodeError
+from dsctl.core.serving.service import Instance
 from dsctl.core.upgrade import gate
 from dsctl.core.upgrade.plan import (
     VARIABLES,
@@ -64,6 +66,7 @@ from dsctl.core.upgrade.state import DONE, ROLLED_BACK, STAGES, StateError, Upgr
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import check as check_verb
 from dsctl.services import deploy as deploy_verb
+from dsctl.services import host_plan
 from dsctl.services import provision as provision_verb
 from dsctl.services.deploy_plan import PlannedInstance
 from dsctl.services.fleet import Fleet, load_fleet
@@ -465,10 +468,22 @@ def _raise_for(status: ExitStatus, errors: Sequence[str], hosts: Sequence[str], 
 def _instances(fleet: Fleet) -> dict[str, list[PlannedInstance]]:
     from dsctl.services.deploy_plan import plan_deploy
 
-    plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings})
+    addresses = {host: fleet.address(host) for host in fleet.settings}
+    plan = plan_deploy(fleet.settings, addresses)
     found: dict[str, list[PlannedInstance]] = {}
     for item in plan.instances:
         found.setdefault(item.host, []).append(item)
+    # A multi-host instance is drained, probed and gated at its head (the only node with an API); its batch holds all
+    # its hosts (_host_groups), and the deploy of that batch restarts every node.
+    try:
+        groups = host_plan.plan_groups(fleet.settings, addresses)
+    except MultiNodeError as refused:
+        raise DsctlError(f"dsctl_services: {refused}", refused.exit_status) from None
+    for spec, instance in groups:
+        head = instance.head
+        found.setdefault(head.host, []).append(PlannedInstance(
+            host=head.host, address=head.address, spec=spec,
+            instance=Instance(service=spec.name, index=instance.index, npus=head.npus, port=instance.port)))
     return found
 
 

@@ -57,6 +57,7 @@ from dsctl.core.serving.service import (
     ServiceGroup,
     Slug,
     check_env,
+    served_default,
 )
 from dsctl.core.serving.service_render import DEFAULT_CONFIG_DIR
 from dsctl.errors import DsctlError, ExitStatus, UsageError
@@ -155,6 +156,15 @@ class MultiNodeSpec(BaseModel):
             field, _, message = str(invalid).partition(": ")
             raise _Problem(field, message) from None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_served_name(cls, values: Any) -> Any:
+        # As for a single-host service: the served name defaults to the model path's last part (made a valid name).
+        model = values.get("model") if isinstance(values, dict) else None
+        if isinstance(model, str) and values.get("served_model_name") is None:
+            values = {**values, "served_model_name": served_default(posixpath.basename(model.rstrip("/")))}
+        return values
+
     @model_validator(mode="after")
     def _layout(self) -> MultiNodeSpec:
         if not self.model.startswith("/"):
@@ -227,6 +237,11 @@ class MultiNodeSpec(BaseModel):
     @property
     def served_name(self) -> str:
         return self.served_model_name or posixpath.basename(self.model.rstrip("/"))
+
+    @property
+    def api_key(self) -> None:
+        """Multi-host services take no API key yet (multinode_render.deploy_problem): what probes read."""
+        return None
 
     @property
     def max_len(self) -> int:

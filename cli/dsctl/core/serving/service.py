@@ -493,7 +493,7 @@ class ServiceSpec(BaseModel):
         # Derived values in place (the model is frozen; an after-validator must return self): the fields set
         # by the inventory stay apart in model_fields_set, so with_params derives them again.
         self.__dict__.update({"params": params, "port": port, "tensor_parallel_size": tp,
-                              "served_model_name": _served_default(served)})
+                              "served_model_name": served_default(served)})
         self._context = context
         return self
 
@@ -578,7 +578,8 @@ class ServiceSpec(BaseModel):
             raise ServiceError(f"service {self.name}: {problem}") from None
 
 
-def _served_default(name: str) -> str:
+def served_default(name: str) -> str:
+    """A served model name made of a model path's last part (characters vLLM's name rule refuses become '-')."""
     return name if _SERVED_RE.match(name) else re.sub(r"[^A-Za-z0-9._/:-]", "-", name).lstrip("._/:-") or "model"
 
 
