@@ -19,7 +19,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 FILE_SECONDS = {
     "tests/lab/test_tune_live.py": 449,
     "tests/lab/test_deploy.py": 270,
-    "tests/lab/test_multihost_deploy.py": 260,  # estimated before its first four-worker run
+    "tests/lab/test_multihost_deploy.py": 636,
     "tests/lab/test_upgrade.py": 253,
     "tests/lab/test_provision_upgrade.py": 175,
     "tests/lab/test_gateway.py": 112,
