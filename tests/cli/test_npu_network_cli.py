@@ -115,3 +115,30 @@ def test_check_pings_each_pair_once_and_names_a_downed_link_on_its_host(fake_ans
         f"atlas-a01 cannot reach it. Fix: Check the cable, optical module and switch port of NPU 3 (hccn_tool -i 3 "
         f"-lldp -g names the port once the link is up), then run dsctl check {SAMPLE} again."]
     assert "NPU parameter plane (hccn_tool)" in out
+
+
+def test_check_names_the_host_whose_chips_differ_from_its_multi_host_instances_head(fake_ansible, capsys, tmp_path):
+    inventory = site(tmp_path, "dsctl_npu_network: " + json.dumps(NETWORK) + "\n")
+    deepseek = {"name": "deepseek", "engine": "vllm-ascend", "model": "/models/DeepSeek-V3-w8a8", "weights": "int8",
+                "nodes": 2, "npus_per_node": 8, "tensor_parallel_size": 4, "data_parallel_size": 4,
+                "enable_expert_parallel": True, "socket_ifname": "eth0", "allow_unauthenticated": True}
+    (inventory.parent / "group_vars" / "npu_nodes" / "services.yml").write_text(
+        "dsctl_services: " + json.dumps([deepseek]) + "\n")
+    peer = PLAN.host("atlas-a02")
+    sent = [ping(npu.npu, npu.address, True) for npu in peer.npus]
+    events = [{"event": "play_start", "play": "Audit every NPU server"}]
+    for host, chip, facts in (("atlas-a01", "910B3", raw("atlas-a01", pings=sent)),
+                              ("atlas-a02", "910B4", raw("atlas-a02"))):
+        report = {**REPORT, "npus": {"chips": [chip] * 8}}
+        events += [ev("runner_ok", host, "Read the host", role="ascend_validate",
+                      facts={"ascend_validate_report": report}),
+                   ev("runner_ok", host, "Read the NPU parameter plane", role=None,
+                      facts={"ascend_npu_network": facts})]
+    fake_ansible(0, [*events, stats(**{h: {"ok": 2} for h in ("atlas-a01", "atlas-a02")})])
+
+    assert main(["check", str(inventory)]) == 3
+    errors = [line for line in capsys.readouterr().out.splitlines() if ": error: " in line]
+    assert errors == [
+        "atlas-a02: error: atlas-a02 has 910B4 NPUs, the head atlas-a01 of instance deepseek-0 (atlas-a01, atlas-a02) "
+        "910B3; an instance runs on one chip type (its ranks split the model evenly). Fix: Group hosts of one chip in "
+        f"the service's host_groups, then run dsctl check {inventory} again."]

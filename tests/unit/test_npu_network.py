@@ -414,3 +414,18 @@ def test_apply_runs_only_hccn_tool_and_nothing_in_check_mode(tmp_path):
     bad = [{**CHANGES[0], "argv": ["/bin/sh", "-c", "true"], "undo": None}]
     refused = module_run(tmp_path, {"hccn_tool": str(tmp_path / "hccn_tool"), "changes": bad})
     assert refused["failed"] and "must be an argument list running" in refused["msg"]
+
+
+def test_a_multi_host_instance_over_two_chip_types_is_an_error_on_the_odd_host():
+    from dsctl.core.network.npu_check import chip_findings
+
+    use = InstanceUse("deepseek-0", ("lab-01", "lab-02"), tuple(range(8)))
+    other = InstanceUse("deepseek-1", ("lab-03", "lab-04"), tuple(range(8)))
+    chips = {"lab-01": ["910B3"] * 8, "lab-02": ["910B4"] * 8, "lab-03": ["910B3"] * 8, "lab-04": ["910B3"] * 8}
+    found = chip_findings([use, other], chips, "hosts.yml")
+    assert list(found) == ["lab-02"]
+    (finding,) = found["lab-02"]
+    assert (finding.severity, finding.code) == ("error", "instance-mixed-chips")
+    assert finding.sentence.startswith("lab-02 has 910B4 NPUs, the head lab-01 of instance deepseek-0 (lab-01, lab-02) "
+                                       "910B3")
+    assert chip_findings([use], {"lab-01": ["910B3"] * 8}, "hosts.yml") == {}  # an unread host says nothing

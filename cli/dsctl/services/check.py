@@ -132,6 +132,21 @@ def _network_rows(fleet: Fleet, run: PlaybookRun, rows: list[dict[str, Any]], pi
             and row["status"] != "unreachable" else row for row in rows]
 
 
+def _chip_rows(rows: list[dict[str, Any]], instances: list[InstanceUse], inventory: str) -> list[dict[str, Any]]:
+    """The rows with an error on each host whose chips differ from its multi-host instance's head
+    (npu_check.chip_findings, from the chip names the audit read)."""
+    chips = {row["host"]: list((row.get("npus") or {}).get("chips") or []) for row in rows}
+    found = npu_check.chip_findings(instances, chips, inventory)
+    result = []
+    for row in rows:
+        extra = found.get(row["host"], [])
+        if extra:
+            status = "error" if row["status"] in _RANK and _RANK["error"] > _RANK[row["status"]] else row["status"]
+            row = {**row, "status": status, "findings": [*row.get("findings", []), *(f.to_dict() for f in extra)]}
+        result.append(row)
+    return result
+
+
 def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = no_progress) -> CheckResult:
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
     instances = multi_host_instances(fleet)
@@ -161,5 +176,6 @@ def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = 
             row["status"] = "error"
         rows.append(row)
     rows = _network_rows(fleet, run, rows, pings, instances, str(inputs.inventory))
+    rows = _chip_rows(rows, instances, str(inputs.inventory))
     return CheckResult(hosts=tuple(rows), exit_status=exit_status_of([row["status"] for row in rows]),
                        errors=tuple(failure_lines(run)), run=run)

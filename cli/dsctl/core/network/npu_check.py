@@ -413,3 +413,26 @@ def _summary(planned_host: HostNetwork, state: HostNetworkState, pairs: Sequence
                    "reachable": pair.result.reachable, "loss": pair.result.loss, "reason": pair.result.reason}
                   for pair in pairs if pair.source == host],
     }
+
+
+def chip_findings(instances: Sequence[InstanceUse], chips: Mapping[str, Sequence[str]],
+                  inventory: str) -> dict[str, list[Finding]]:
+    """Host -> an error for each multi-host instance whose NPUs there are another chip than its head's (npu-smi's
+    names, `audit`'s row): an instance's ranks split the model evenly and HCCL links like chips only, so dsctl
+    deploy's plan assumes one chip per instance (the service's ``chip``) and this is where a mixed group shows."""
+    found: dict[str, list[Finding]] = {}
+    for instance in instances:
+        head = instance.hosts[0]
+        ours = sorted(set(chips.get(head) or ()))
+        if not ours:
+            continue
+        for host in instance.hosts[1:]:
+            theirs = sorted(set(chips.get(host) or ()))
+            if theirs and theirs != ours:
+                found.setdefault(host, []).append(Finding(
+                    "error", "npu",
+                    f"{host} has {'/'.join(theirs)} NPUs, the head {head} of instance {instance.label()} "
+                    f"{'/'.join(ours)}; an instance runs on one chip type (its ranks split the model evenly).",
+                    f"Group hosts of one chip in the service's host_groups, then run dsctl check {inventory} again.",
+                    "instance-mixed-chips"))
+    return found
