@@ -181,7 +181,7 @@ def prepare(inputs: DeployInputs) -> DeployPlan:
     plan = plan_deploy(fleet.settings, addresses, overrides=inputs.overrides, instances=inputs.instances,
                        groups=[instance for _, instance in groups])
     return dataclasses.replace(plan, host_plans=fleet.plan(overrides=inputs.overrides, only=plan.only, groups=groups),
-                               groups=tuple(instance for _, instance in groups))
+                               groups=tuple(groups))
 
 
 def render(inputs: DeployInputs) -> RenderResult:
@@ -201,9 +201,7 @@ def render(inputs: DeployInputs) -> RenderResult:
             files += [RenderedFile(host=host, instance=name, path=item.path, mode=f"0{item.mode:o}",
                                    content=SECRET_SHOWN if item.secret else item.content)
                       for item in rendered[name]]
-    addresses = {node.host: node.address for group in plan.groups for node in group.nodes}
-    groups = host_plan.plan_groups(plan.settings, addresses, only=inputs.instances) if plan.groups else []
-    for host, nodes in host_plan.rendered_nodes(plan.settings, groups).items():
+    for host, nodes in host_plan.rendered_nodes(plan.settings, list(plan.groups)).items():
         if hosts is not None and host not in hosts:
             continue
         files += [RenderedFile(host=host, instance=node["name"], path=item["path"], mode=item["mode"],
@@ -237,7 +235,7 @@ def deploy(runner: PlaybookRunner, inputs: DeployInputs, progress: ProgressSink 
             rows.append(DeployedInstance(host=name, instance=planned.instance.name, engine=planned.spec.engine,
                                          npus=planned.instance.visible_devices, port=planned.instance.port,
                                          status=status, endpoint=planned.endpoint))
-        for instance in plan.groups:
+        for _, instance in plan.groups:
             node = next((node for node in instance.nodes if node.host == name), None)
             if node is None:
                 continue

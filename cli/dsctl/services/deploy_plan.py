@@ -62,8 +62,8 @@ class DeployPlan:
     only: tuple[str, ...] | None  # instance names handed to the play, None: all
     # The dsctl_plan extra var (services/host_plan.py) when the verb computed one for the play.
     host_plans: Mapping[str, Any] | None = None
-    # The multi-host instances deployed with them (dsctl.core.serving.multinode), head first.
-    groups: tuple[MultiNodeInstance, ...] = ()
+    # The multi-host instances deployed with them, each with its service (host_plan.plan_groups).
+    groups: tuple[tuple[MultiNodeSpec, MultiNodeInstance], ...] = ()
 
     def of_host(self, host: str) -> list[PlannedInstance]:
         return [planned for planned in self.instances if planned.host == host]

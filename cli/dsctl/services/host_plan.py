@@ -214,8 +214,8 @@ def rendered_nodes(settings: Mapping[str, HostSettings],
                 "files": [{"path": f.path, "content": f.content, "mode": f"0{f.mode:o}", "owner": f.owner,
                            "group": f.group, "secret": f.secret, "role": f.role} for f in files],
                 "multinode": {"hosts": list(instance.hosts), "head": instance.head.host, "node_rank": node.node_rank,
-                              "ranks": _rank_ranges(instance),
-                          "headless": node.headless, "address": instance.head.address},
+                              "ranks": _rank_ranges(instance), "headless": node.headless,
+                              "address": instance.head.address},
             })
     return found
 

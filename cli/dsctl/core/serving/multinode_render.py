@@ -32,14 +32,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from dsctl.core.serving.multinode import MultiNodeError, MultiNodeInstance, MultiNodeSpec, NodeRole
+from dsctl.core.serving.service import Instance
 from dsctl.core.serving.service_render import (
     _SET_ENV,
     _TOOLKIT_SET_ENV,
     DEFAULT_INSTALL_PATH,
-    UNIT_DIRS,
     RenderedFile,
     _absolute_dir,
     _env_lines,
+    _unit,
     render_template,
 )
 from dsctl.errors import ExitStatus
@@ -73,11 +74,7 @@ def _option_lines(argv: tuple[str, ...]) -> list[str]:
             lines.append([word])
         else:
             lines[-1].append(word)
-    return [" ".join(_quoted(word) for word in line) for line in lines]
-
-
-def _quoted(word: str) -> str:
-    return shlex.quote(word)
+    return [" ".join(shlex.quote(word) for word in line) for line in lines]
 
 
 def node_env(spec: MultiNodeSpec, node: NodeRole, *, env: Mapping[str, str]) -> dict[str, str]:
@@ -123,14 +120,8 @@ def render_node(spec: MultiNodeSpec, instance: MultiNodeInstance, node: NodeRole
                                              model=spec.model, lines=lines, **common), 0o750, False, "launch", owner,
                      group),
     ]
-    unit = f"dsctl-{instance.name}"
-    context = {**common, "unit": unit, "launch": launch, "instance_dir": instance_dir,
-               "log_file": posixpath.join(log_dir, f"{instance.name}.log"), "user": spec.user, "group": spec.group,
-               "port": instance.port, "served_model_name": spec.served_name}
-    if spec.manager == "systemd":
-        files.append(RenderedFile(posixpath.join(UNIT_DIRS["systemd"], f"{unit}.service"),
-                                  render_template("managers/systemd.service.j2", **context), 0o644, False, "unit"))
-    else:
-        files.append(RenderedFile(posixpath.join(UNIT_DIRS["supervisor"], f"{unit}.conf"),
-                                  render_template("managers/supervisor.conf.j2", **context), 0o644, False, "unit"))
+    # The unit as a single-host instance's (service_render._unit: the same templates, escaping and paths).
+    as_instance = Instance(service=spec.name, index=instance.index, npus=node.npus, port=instance.port)
+    files.append(_unit(spec, as_instance, common, instance_dir=instance_dir, launch=launch, log_dir=log_dir,
+                       unit_dir=None))
     return files
