@@ -218,6 +218,7 @@ def test_driver_payload_carries_zipapps(pkgs, tmp_path):
     assert smi.startswith(b"#!/usr/bin/python3\n")
     members = zipfile.ZipFile(io.BytesIO(smi)).namelist()
     assert "__main__.py" in members and "dsctl/emu/hwstate.py" in members
+    assert "dsctl/emu/npu_smi.pyc" in members and "dsctl/emu/hccn_tool.py" not in members  # its own modules only
     toolkit = next(s for s in packages.package_specs(packages.load_releases(), ARCH) if s.name == TOOLKIT_800)
     assert "bin/npu-smi" not in packages.payload_files(toolkit)
 

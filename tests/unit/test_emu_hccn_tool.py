@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -448,19 +449,52 @@ def test_the_plane_puts_an_npu_in_a_table_of_its_own(monkeypatch):
 
 # --- shipped with the driver ---------------------------------------------------------------------------------------
 
+def run_zipapp(app, env, *args):
+    return subprocess.run([sys.executable, str(app), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def rewritten(app: bytes, change) -> bytes:
+    """The zipapp with each member's bytes passed through change(name, data)."""
+    shebang, rest = app.split(b"\n", 1)
+    out = io.BytesIO()
+    out.write(shebang + b"\n")
+    with zipfile.ZipFile(io.BytesIO(rest)) as old, zipfile.ZipFile(out, "w") as new:
+        for info in old.infolist():
+            new.writestr(info, change(info.filename, old.read(info)))
+    return out.getvalue()
+
+
 def test_the_driver_package_ships_hccn_tool_as_a_zipapp_that_runs_on_a_bare_python(tmp_path):
-    assert packages.DRIVER_TOOLS["hccn_tool"] == "dsctl.emu.hccn_tool:main"
+    entry, modules = packages.DRIVER_TOOLS["hccn_tool"]
+    assert entry == "dsctl.emu.hccn_tool:main"
     app = tmp_path / "hccn_tool"
-    app.write_bytes(packages.zipapp(packages.DRIVER_TOOLS["hccn_tool"]))
+    app.write_bytes(packages.zipapp(entry, modules))
     env = {"PATH": os.environ.get("PATH", ""), "DSCTL_LAB_RUN_DIR": str(tmp_path / "run")}
 
-    helped = subprocess.run([sys.executable, str(app), "-h"], env=env, capture_output=True, text=True, timeout=60)
+    helped = run_zipapp(app, env, "-h")
     # No driver loaded in this boot (no running.json): the device lookup fails first, /etc is never read.
-    query = subprocess.run([sys.executable, str(app), "-i", "0", "-ip", "-g"], env=env, capture_output=True,
-                           text=True, timeout=60)
+    query = run_zipapp(app, env, "-i", "0", "-ip", "-g")
 
     assert helped.returncode == 0 and "hccn_tool -i devid -ip\n" in helped.stdout
     assert (query.returncode, query.stderr) == (4, "Get invalid device id.\n")
+
+
+def test_the_zipapp_runs_its_bytecode_and_falls_back_to_its_source_on_another_python(tmp_path):
+    entry, modules = packages.DRIVER_TOOLS["hccn_tool"]
+    built = packages.zipapp(entry, modules)
+    env = {"PATH": os.environ.get("PATH", ""), "DSCTL_LAB_RUN_DIR": str(tmp_path / "run")}
+    # Sources that cannot compile: the tool still runs, so what ran was the bytecode (no compile at each call).
+    no_source = tmp_path / "no-source"
+    no_source.write_bytes(rewritten(built, lambda name, data: b"raise SystemExit(99)\n" if name.endswith(
+        "hccn_tool.py") else data))
+    # Bytecode of another Python (its magic number): zipimport rejects it and compiles the source beside it.
+    other_python = tmp_path / "other-python"
+    other_python.write_bytes(rewritten(built, lambda name, data: b"\x00\x00" + data[2:] if name.endswith(".pyc")
+                                       else data))
+
+    for app in (no_source, other_python):
+        result = run_zipapp(app, env, "-i", "0", "-ip", "-g")
+        assert (result.returncode, result.stderr) == (4, "Get invalid device id.\n"), app
 
 
 @pytest.mark.parametrize(("right", "wrong"), [("10.83.0.12", "10.38.0.12"), ("10.80.0.12", "10.80.0.21"),

@@ -406,7 +406,8 @@ def test_dcmi_error_code(text, code):
 # --- what the emulated tools may import ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("modules", [packages.ZIPAPP_MODULES, packages.INSTALLER_MODULES])
+@pytest.mark.parametrize("modules", [*(modules for _, modules in packages.DRIVER_TOOLS.values()),
+                                     packages.INSTALLER_MODULES])
 def test_modules_shipped_to_bare_hosts_import_only_the_standard_library_and_each_other(modules):
     # The zipapps and installers run under a bare host's /usr/bin/python3: a third-party import (packaging,
     # pydantic) or a dsctl module left out of the list would fail there with ImportError, not in the unit tests.

@@ -5,7 +5,7 @@ CANN "8.0.RC3", "8.1.RC1.alpha001", "8.3.RC2", "9.0.0-beta.2"; firmware "7.5.0.1
 "v0.13.0rc1".  They are neither PEP 440 ("8.1.RC1.alpha001" does not parse) nor semver, so
 ``packaging.version`` cannot order them.  The order is hand-written, and written here, in the standard
 library only, because the emulated ``npu-smi`` (a zipapp run by a bare host's /usr/bin/python3, see
-dsctl.lab.packages.ZIPAPP_MODULES) judges driver/firmware compatibility with it: the emulator, the roles'
+dsctl.lab.packages.DRIVER_TOOLS) judges driver/firmware compatibility with it: the emulator, the roles'
 facts and ``dsctl check`` must agree on what is newer and what is "compatible".  Controller code reaches it
 through dsctl.core.fleet.versions.
 
