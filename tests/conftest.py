@@ -47,13 +47,15 @@ def pytest_collection_modifyitems(session, config, items):
     items[:] = sorted(items, key=lambda item: -cost(item))  # sorted() is stable: a file's order is kept
 
 
-_FILE_TIMES: dict[str, list[float]] = {}  # test file -> [seconds in setup + call + teardown, tests]
+# test file -> [seconds in setup + call + teardown, tests, first start, last stop]
+_FILE_TIMES: dict[str, list[float]] = {}
 
 
 def pytest_runtest_logreport(report):
     """Adds up each file's time (on the xdist controller too, which gets every worker's reports)."""
-    entry = _FILE_TIMES.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0])
+    entry = _FILE_TIMES.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0, report.start, report.stop])
     entry[0] += report.duration
+    entry[2], entry[3] = min(entry[2], report.start), max(entry[3], report.stop)
     if report.when == "call":
         entry[1] += 1
 
@@ -63,9 +65,11 @@ def pytest_terminal_summary(terminalreporter):
     teardown, including bringing its lab up and down), so that the next change can see what it adds."""
     if not _FILE_TIMES:
         return
-    terminalreporter.section("time per test file (setup + tests + teardown)")
+    terminalreporter.section("time per test file (setup + tests + teardown; from - to: seconds into the run)")
+    began = min(entry[2] for entry in _FILE_TIMES.values())
     rows = sorted(_FILE_TIMES.items(), key=lambda item: -item[1][0])
-    for path, (seconds, tests) in rows:
-        terminalreporter.write_line(f"{seconds:8.1f} s  {tests:5d} tests  {path}")
-    total = sum(seconds for seconds, _ in _FILE_TIMES.values())
+    for path, (seconds, tests, start, stop) in rows:
+        span = f"{start - began:6.0f} - {stop - began:6.0f}"
+        terminalreporter.write_line(f"{seconds:8.1f} s  {tests:5d} tests  {span}  {path}")
+    total = sum(entry[0] for entry in _FILE_TIMES.values())
     terminalreporter.write_line(f"{total:8.1f} s  in all test files (workers side by side: the wall time is less)")

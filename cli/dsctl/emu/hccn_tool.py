@@ -50,16 +50,19 @@ The lab's NPUs are wired for real (dsctl.emu.npu_net): setting an address puts i
 
 from __future__ import annotations
 
-import ipaddress
-import socket
+import ipaddress  # no start-up cost of its own: pathlib (dsctl.emu.hwstate) imports it through urllib.parse
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import TextIO
 
 from dsctl.emu import npu_net
 from dsctl.emu.npu_net import Context, PortConfig
+
+# This tool runs dozens of times per provision and most calls are queries: socket is imported only where addresses
+# are parsed, and neither dataclasses nor typing is imported at run time (start-up cost, as in npu_net).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import TextIO
 
 
 class Code(IntEnum):
@@ -152,21 +155,25 @@ class NotEmulated(Exception):
     """A real hccn_tool command or option the lab's emulation does not carry (lab-only message)."""
 
 
-@dataclass(frozen=True)
 class Command:
-    attr: str  # "-i" (per device) or "-a" (all devices)
-    option: str
-    help: str
-    run: Callable[[Invocation, list[str]], Code]
+    __slots__ = ("attr", "option", "help", "run")
+
+    def __init__(self, attr: str, option: str, help: str, run: Callable[[Invocation, list[str]], Code]):
+        self.attr = attr  # "-i" (per device) or "-a" (all devices)
+        self.option = option
+        self.help = help
+        self.run = run
 
 
-@dataclass
 class Invocation:
-    ctx: Context
-    out: TextIO
-    err: TextIO
-    npu: int = -1
-    is_get: bool = False  # a query: no "Cmd executed successfully!" after it
+    __slots__ = ("ctx", "out", "err", "npu", "is_get")
+
+    def __init__(self, ctx: Context, out: TextIO, err: TextIO, npu: int = -1, is_get: bool = False):
+        self.ctx = ctx
+        self.out = out
+        self.err = err
+        self.npu = npu
+        self.is_get = is_get  # a query: no "Cmd executed successfully!" after it
 
     def say(self, line: str) -> None:
         self.out.write(line + "\n")
@@ -176,6 +183,8 @@ class Invocation:
 
 def _pton(text: str) -> int | None:
     """inet_pton(AF_INET) (the C library's own: four decimal parts, no leading zeros), as an integer."""
+    import socket  # lazily: queries parse no address, and socket costs more than the rest of the start-up
+
     try:
         return int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
     except (OSError, ValueError):

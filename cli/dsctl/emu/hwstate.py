@@ -24,7 +24,10 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: the emulated tools import this module at every call
+if TYPE_CHECKING:
+    from typing import Any
 
 LAB_RUN_DIR = Path(os.environ.get("DSCTL_LAB_RUN_DIR", "/run/dsctl-lab"))
 HW_DIR = LAB_RUN_DIR / "hw"

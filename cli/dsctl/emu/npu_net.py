@@ -29,23 +29,23 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import ipaddress
 import json
 import os
-import random
-import select
-import shutil
-import socket
 import struct
-import subprocess
 import time
-from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 from dsctl.emu import hwstate
+
+# hccn_tool imports this module at every call, most of them queries that never touch the wire: what only the wire
+# needs (ipaddress, random, select, shutil, socket, subprocess) is imported where it is used, and neither
+# dataclasses nor typing is imported at run time (together they cost more than the rest of the tool's start-up).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import ipaddress
+    from collections.abc import Iterator, Mapping
+    from typing import Any, Protocol
 
 HCCN_CONF = Path("/etc/hccn.conf")
 HCCN_TOOL = Path("/usr/local/Ascend/driver/tools/hccn_tool")
@@ -116,17 +116,35 @@ def conf_key(name: str, npu: int) -> str:
 
 # --- what each NPU holds now ------------------------------------------------------------------------------------
 
-@dataclass
 class PortConfig:
-    address: str | None = None
-    netmask: str | None = None
-    netdetect: str | None = None
-    gateway: str | None = None
+    """What one NPU's port holds: a mutable record compared field by field (``vars()`` gives its fields in this
+    order, as npu-net.json stores them)."""
+
+    __hash__ = None  # mutable and compared by value: unhashable, as a @dataclass with eq is
+
+    def __init__(self, address: str | None = None, netmask: str | None = None, netdetect: str | None = None,
+                 gateway: str | None = None):
+        self.address = address
+        self.netmask = netmask
+        self.netdetect = netdetect
+        self.gateway = gateway
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return ((self.address, self.netmask, self.netdetect, self.gateway)
+                == (other.address, other.netmask, other.netdetect, other.gateway))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__qualname__}(address={self.address!r}, netmask={self.netmask!r}, "
+                f"netdetect={self.netdetect!r}, gateway={self.gateway!r})")
 
     @property
     def network(self) -> ipaddress.IPv4Network | None:
         if self.address is None or self.netmask is None:
             return None
+        import ipaddress  # lazily: only setting addresses on the wire needs it (the tool's start-up, every call)
+
         return ipaddress.ip_interface(f"{self.address}/{self.netmask}").network
 
 
@@ -169,18 +187,23 @@ TOO_LONG = "too-long"  # the packet cannot be sent at that size
 EchoResult = float | str
 
 
-class Plane(Protocol):
-    def apply(self, ports: Mapping[int, PortConfig | None]) -> None:
-        """Put each NPU's address, routes and rule on the wire (None: take them off)."""
+if TYPE_CHECKING:  # a Protocol for the type checker only: typing is not imported at run time (tool start-up)
+    class Plane(Protocol):
+        """The wire, as Context uses it (IpPlane; a fake in the tests)."""
 
-    def flush(self) -> None:
-        """Take every NPU off the wire."""
+        def apply(self, ports: Mapping[int, PortConfig | None]) -> None:
+            """Put each NPU's address, routes and rule on the wire (None: take them off)."""
 
-    def echo(self, source: str, destination: str, size: int, seq: int, timeout: float) -> EchoResult:
-        """One ICMP echo request from an NPU's address."""
+        def flush(self) -> None:
+            """Take every NPU off the wire."""
+
+        def echo(self, source: str, destination: str, size: int, seq: int, timeout: float) -> EchoResult:
+            """One ICMP echo request from an NPU's address."""
 
 
 def _ip_command() -> str:
+    import shutil  # lazily: only commands that change the wire run ip (the tool's start-up, every call)
+
     for candidate in (shutil.which("ip"), "/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
@@ -196,17 +219,32 @@ def _checksum(data: bytes) -> int:
     return ~total & 0xFFFF
 
 
-@dataclass
 class IpPlane:
     """The host's plane interface, driven with iproute2 (``ip -batch``) and ICMP raw sockets (root)."""
 
-    interface: str
-    netns: str | None = None  # the host's network namespace, when driven from outside the host (lab faults)
-    ident: int = field(default_factory=lambda: random.randrange(1, 0xFFFF))
+    def __init__(self, interface: str, netns: str | None = None, ident: int | None = None):
+        self.interface = interface
+        self.netns = netns  # the host's network namespace, when driven from outside the host (lab faults)
+        self._ident = ident
+
+    @property
+    def ident(self) -> int:
+        """The identifier of this plane's ICMP echoes: random unless given, drawn when first used."""
+        if self._ident is None:
+            import random  # lazily: only echoes need it, and hccn_tool makes a plane at every call (start-up)
+
+            self._ident = random.randrange(1, 0xFFFF)
+        return self._ident
+
+    @ident.setter
+    def ident(self, value: int) -> None:
+        self._ident = value
 
     def _batch(self, lines: list[str], *, force: bool) -> None:
         if not lines:
             return
+        import subprocess  # lazily: only commands that change the wire run ip (the tool's start-up, every call)
+
         where = ["-n", self.netns] if self.netns else []
         command = [_ip_command(), *where, "-4", *(["-force"] if force else []), "-batch", "-"]
         done = subprocess.run(command, input="".join(f"{line}\n" for line in lines), text=True, capture_output=True)
@@ -219,6 +257,8 @@ class IpPlane:
                 f"route flush table {table}", f"rule del pref {table}"]
 
     def apply(self, ports: Mapping[int, PortConfig | None]) -> None:
+        import ipaddress  # lazily: only commands that change the wire need it (the tool's start-up, every call)
+
         self._batch([line for npu in sorted(ports) for line in self._off(npu)], force=True)
         add: list[str] = []
         for npu, cfg in sorted(ports.items()):
@@ -243,6 +283,9 @@ class IpPlane:
         self._batch(lines, force=True)
 
     def echo(self, source: str, destination: str, size: int, seq: int, timeout: float) -> EchoResult:
+        import select  # lazily, as socket: only pings and health probes send echoes (the tool's start-up)
+        import socket
+
         header = struct.pack("!BBHHH", 8, 0, 0, self.ident, seq)
         payload = bytes(i & 0xFF for i in range(size))
         packet = struct.pack("!BBHHH", 8, 0, _checksum(header + payload), self.ident, seq) + payload
@@ -273,16 +316,16 @@ class IpPlane:
 
 # --- the whole host ---------------------------------------------------------------------------------------------
 
-@dataclass
 class Context:
     """Where one host's NPU network lives: hccn.conf, this boot's device state, the boards and the cabling, and the
     wire (None when the NPUs are not cabled)."""
 
-    conf: HccnConf
-    state: DeviceState
-    hw_dir: Path
-    run_file: Path
-    plane: Plane | None
+    def __init__(self, conf: HccnConf, state: DeviceState, hw_dir: Path, run_file: Path, plane: Plane | None):
+        self.conf = conf
+        self.state = state
+        self.hw_dir = hw_dir
+        self.run_file = run_file
+        self.plane = plane
 
     @classmethod
     def default(cls) -> Context:
