@@ -16,9 +16,10 @@ DOCUMENTATION = r"""
 module: service_health
 short_description: Wait until an inference instance (vLLM or MindIE) is ready to serve
 description:
-  - Polls the instance until it is ready or O(timeout) passes.  Each round first runs O(process_check); when its
-    output no longer matches O(process_running_pattern) the instance died and the task fails at once with the
-    instance log's last line and root cause (out of memory, graph capture, device busy, missing library).
+  - Polls the instance until it is ready or O(timeout) passes.  A round first runs O(process_check) (the first
+    round, then at most every 5 seconds, and the last round before the deadline); when its output no longer
+    matches O(process_running_pattern) the instance died and the task fails at once with the instance log's last
+    line and root cause (out of memory, graph capture, device busy, missing library).
   - O(kind=openai) (vLLM) is ready when C(GET /health) returns 200, C(GET /v1/models) lists O(model) and, with
     O(completion), C(POST /v1/completions) (prompt C(ping), C(max_tokens) 1) returns 200 with C(usage).
   - O(kind=mindie) is ready when O(log_file) contains C(Daemon start success!), the port accepts a TCP
@@ -156,6 +157,10 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 PROBE_TIMEOUT_S = 5.0  # /health, /v1/models, TCP connect
 COMPLETION_TIMEOUT_S = 30.0  # the first generation after start-up may warm kernels up
 PROCESS_CHECK_TIMEOUT_S = 15.0
+# The process check runs on the first round, then once this long has passed since the last one, and on the round
+# before the deadline: `supervisorctl status` costs about 0.2 s of CPU (it imports pkg_resources), and a start-up
+# polled every second ran it dozens of times; an instance that dies is still named within this period.
+PROCESS_CHECK_PERIOD_S = 5.0
 TAIL_BYTES = 1 << 20
 MINDIE_MARKER = "Daemon start success!"
 # serving-and-tuning.md section 11, "Failure signatures"; first match in this order names the class. The CANN
@@ -391,17 +396,21 @@ def wait_healthy(url, model=None, kind="openai", log_file=None, timeout=900.0, i
 
     result = {"healthy": False, "checks": []}
     reason = "no probe ran"
+    checked_at = None  # when the process check last ran (it found the process alive then)
     while True:
         passed = []
         result["checks"] = passed
         try:
             if process_check:
-                alive, status_line = process_alive(list(process_check), process_running_pattern,
-                                                   min(PROCESS_CHECK_TIMEOUT_S, remaining()))
-                result["process_status"] = status_line
-                if not alive:
-                    log = read_log(log_file, since, since_log_size)
-                    raise Unhealthy(exited_message(log, status_line), "exited")
+                now = clock()
+                if checked_at is None or now - checked_at >= PROCESS_CHECK_PERIOD_S or now + interval >= deadline:
+                    alive, status_line = process_alive(list(process_check), process_running_pattern,
+                                                       min(PROCESS_CHECK_TIMEOUT_S, remaining()))
+                    result["process_status"] = status_line
+                    if not alive:
+                        log = read_log(log_file, since, since_log_size)
+                        raise Unhealthy(exited_message(log, status_line), "exited")
+                    checked_at = now
                 passed.append("process")
             if kind == "openai":
                 reason = probe_openai(endpoint, model, completion, remaining, passed)

@@ -163,6 +163,45 @@ def test_process_dying_during_start_up_fails_fast_with_the_oom_line(dying):
     assert result["log_tail"][-1].startswith("RuntimeError: Engine core initialization failed")
 
 
+class FakeClock:
+    """Time that passes only when the module sleeps (a start-up polled for 20 s in no time)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_the_process_check_runs_every_few_seconds_and_before_the_deadline_not_every_round(tmp_path):
+    """supervisorctl costs ~0.2 s of CPU a call: a 20 s start-up polled every second checks the process 6 times
+    (at 0, 5, 10, 15 s and in the two rounds that reach the deadline), not 21; the message still lists it."""
+    clock, runs = FakeClock(), tmp_path / "runs"
+    result = sh.wait_healthy(f"http://127.0.0.1:{free_port()}", MODEL, timeout=20, interval=1.0, clock=clock,
+                             sleep=clock.sleep, process_check=["sh", "-c", f"echo run >> {runs}; echo RUNNING"])
+    assert result["failure_class"] == "timeout" and result["msg"].endswith("checks passed: process")
+    assert len(runs.read_text().splitlines()) == 6
+
+
+def test_a_process_that_dies_between_checks_is_named_at_the_next_one(tmp_path):
+    clock, flag = FakeClock(), tmp_path / "dead"
+    original_sleep = clock.sleep
+
+    def sleep(seconds):
+        original_sleep(seconds)
+        if clock.now >= 7:
+            flag.touch()
+
+    result = sh.wait_healthy(f"http://127.0.0.1:{free_port()}", MODEL, timeout=60, interval=1.0, clock=clock,
+                             sleep=sleep, process_check=["sh", "-c", f"test -e {flag} && echo EXITED || echo RUNNING"],
+                             process_running_pattern="RUNNING")
+    assert result["failure_class"] == "exited" and result["process_status"] == "EXITED"
+    assert clock.now == 10  # the check at 10 s, the first after its death at 7 s
+
+
 def test_nothing_listening_times_out_with_a_clear_message(tmp_path):
     port = free_port()
     log = tmp_path / "instance.log"
