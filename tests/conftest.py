@@ -13,29 +13,41 @@ import signal
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Seconds each test file took (the suite prints them at its end; tests/lab/README.md lists the lab stories).
+# Seconds each test file took in a fresh-clone four-worker run of the suite (it prints them at its end; tests/lab/
+# README.md lists the lab stories).
 # Only the order in which pytest-xdist hands out files depends on it: the longest first, so that no long lab
 # story starts last and runs alone at the end.  A file not listed counts as short.
 FILE_SECONDS = {
-    "tests/lab/test_tune_live.py": 449,
-    "tests/lab/test_deploy.py": 270,
-    "tests/lab/test_multihost_deploy.py": 636,
-    "tests/lab/test_upgrade.py": 253,
-    "tests/lab/test_provision_upgrade.py": 175,
-    "tests/lab/test_gateway.py": 112,
-    "tests/lab/test_provision_bare.py": 92,
-    "tests/lab/test_cann_switch.py": 88,
-    "tests/lab/test_npu_network.py": 72,  # measured alone (gw7), like test_npu_plane.py
-    "tests/engine/test_evaluate_live.py": 43,
-    "tests/lab/test_deploy_inputs.py": 33,
-    "tests/lab/test_lab_errors.py": 29,
-    "tests/lab/test_lab_bare.py": 27,
-    "tests/lab/test_npu_plane.py": 25,  # measured alone (gw7); the others are from a four-worker run
-    "tests/cli/test_tune_cli.py": 24,
-    "tests/engine/test_engine_server.py": 22,
-    "tests/engine/test_multinode.py": 14,
-    "tests/lab/test_lab_installed.py": 20,
-    "tests/unit/test_upgrade_verb.py": 16,
+    "tests/lab/test_tune_live.py": 673,
+    "tests/lab/test_multihost_deploy.py": 592,
+    "tests/lab/test_deploy.py": 509,
+    "tests/lab/test_upgrade.py": 499,
+    "tests/lab/test_cann_switch.py": 483,
+    "tests/lab/test_provision_upgrade.py": 420,
+    "tests/lab/test_provision_bare.py": 336,
+    "tests/lab/test_gateway.py": 218,
+    "tests/lab/test_npu_network.py": 198,
+    "tests/lab/test_deploy_inputs.py": 136,
+    "tests/cli/test_tune_cli.py": 122,
+    "tests/lab/test_lab_errors.py": 99,
+    "tests/static/test_lint.py": 68,
+    "tests/unit/test_evaluate.py": 59,
+    "tests/lab/test_lab_snapshot.py": 56,
+    "tests/lab/test_lab_bare.py": 56,
+    "tests/lab/test_npu_plane.py": 55,
+    "tests/engine/test_evaluate_live.py": 45,
+    "tests/unit/test_inventory_reader.py": 44,
+    "tests/unit/test_upgrade_verb.py": 43,
+    "tests/lab/test_lab_installed.py": 40,
+    "tests/lab/test_wheelhouse.py": 37,
+    "tests/engine/test_engine_server.py": 32,
+    "tests/lab/test_packages.py": 29,
+    "tests/cli/test_serving_stack_guard.py": 23,
+    "tests/cli/test_stage_files.py": 23,
+    "tests/cli/test_cli.py": 22,
+    "tests/engine/test_service_health.py": 22,
+    "tests/lab/test_engine_probe_lab.py": 21,
+    "tests/engine/test_multinode.py": 16,
 }
 
 
