@@ -236,10 +236,6 @@ class IpPlane:
             self._ident = random.randrange(1, 0xFFFF)
         return self._ident
 
-    @ident.setter
-    def ident(self, value: int) -> None:
-        self._ident = value
-
     def _batch(self, lines: list[str], *, force: bool) -> None:
         if not lines:
             return
