@@ -90,3 +90,37 @@ def test_bad_bounds_are_refused():
         search_rate(lambda r: {}, SLOS, start=1, min_rate=0, max_rate=1)
     with pytest.raises(ValueError):
         search_rate(lambda r: {}, SLOS, start=1, min_rate=1, max_rate=2, max_probes=1, repeats=1)
+
+
+def test_a_candidate_that_missed_where_the_incumbent_holds_is_pruned():
+    # capacity 1.4 against an incumbent of 16: its miss at 4 req/s settles that it cannot win; not one probe more
+    probe, calls = server(1.4)
+    result = search_rate(probe, SLOS, start=4.0, min_rate=0.1, max_rate=40.0, max_probes=8, rel_tol=0.15,
+                         prune_at=lambda: 16.0)
+    assert calls == [4.0] and result.rate is None and result.lowest_missing == 4.0
+    assert result.stopped.startswith("pruned: missed at 4 req/s") and "16 req/s" in result.stopped
+    # without an incumbent the same search measures its capacity
+    probe, calls = server(1.4)
+    full = search_rate(probe, SLOS, start=4.0, min_rate=0.1, max_rate=40.0, max_probes=8, rel_tol=0.15)
+    assert len(calls) > 3 and full.rate is not None and full.rate <= 1.4 and not full.stopped.startswith("pruned")
+
+
+def test_an_incumbent_that_appears_mid_search_stops_it_and_a_better_candidate_is_never_pruned():
+    incumbent: list[float] = []
+    probe, calls = server(10.0)
+
+    def counted(rate: float) -> dict:
+        if len(calls) == 2:
+            incumbent.append(16.0)  # another trial's verdict lands while this one is at its third probe
+        return probe(rate)
+
+    result = search_rate(counted, SLOS, start=4.0, min_rate=0.1, max_rate=64.0, max_probes=8, rel_tol=0.05,
+                         prune_at=lambda: incumbent[0] if incumbent else None)
+    assert calls == [4.0, 8.0, 16.0]  # held, held, missed at the incumbent's rate: stop
+    assert result.rate == 8.0 and result.lowest_missing == 16.0 and not result.confirmed
+    assert result.stopped.startswith("pruned")
+    probe, calls = server(20.0)  # above the incumbent: its misses are all above 16, it is measured in full
+    better = search_rate(probe, SLOS, start=4.0, min_rate=0.1, max_rate=64.0, max_probes=10, rel_tol=0.05,
+                         prune_at=lambda: 16.0)
+    assert better.rate is not None and 20.0 / 1.05 ** 2 <= better.rate <= 20.0 and better.confirmed
+    assert not better.stopped.startswith("pruned")

@@ -320,6 +320,7 @@ class LiveTune:
         self.host_locks = {slot.host: threading.Lock() for slot in plan.instances}
         self.baseline_outputs: list[str] | None = None
         self.goodput = slo.goodput_slos(plan.slos)  # typed, to the probe: each bound judged at its statistic
+        self.incumbent_rate: float | None = None  # the best capacity so far (run's on_event keeps it)
 
     # ------------------------------------------------------------------ edges
 
@@ -469,9 +470,15 @@ class LiveTune:
                 return dataclasses.replace(crashed[-1], rate=self.inputs.rate)
             return Outcome(metrics=metrics, rate=self.inputs.rate)
         ceiling = self.ceiling()
+        # a candidate's search stops once it missed at a rate the incumbent holds (`rate_search`'s pruning); the
+        # baseline's capacity is always measured in full, the report compares the winner with it
+        baseline = self.plan.baseline is not None and _same_config(
+            {**candidate.params, **candidate.fields},
+            {**self.plan.space.params(self.plan.baseline), **self.plan.space.fields(self.plan.baseline)})
+        prune = None if baseline or self.inputs.objective != "capacity" else (lambda: self.incumbent_rate)
         found = rate_search.search_rate(one, self.plan.slos, start=min(START_RATE, ceiling),
                                         min_rate=min(MIN_RATE, ceiling), max_rate=ceiling,
-                                        max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE, repeats=1)
+                                        max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE, repeats=1, prune_at=prune)
         outcome = rate_search.to_outcome(found)
         if crashed and found.rate is None:
             return dataclasses.replace(crashed[-1], data={**dict(crashed[-1].data), **dict(outcome.data)})
@@ -564,6 +571,7 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
         if phase == "told":
             counts, incumbent = search.standing(driver.result().trials)
             best[:] = [incumbent] if incumbent is not None else []
+            tune.incumbent_rate = incumbent.rate if incumbent is not None else None
         slot = plan.slots[record.slot] if 0 <= record.slot < len(plan.slots) else None
         progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
                   "status": _status(record) if phase == "told" else "running", "objective": record.objective,
