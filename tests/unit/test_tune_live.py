@@ -243,3 +243,44 @@ def test_write_back_is_refused_before_any_instance_restarts(tmp_path, inventory)
         tune_live.run(NoPlaybooks(), None, inputs)
     assert str(caught.value).startswith(f"--write-back: {path}: the params of service 'chat' are a template")
     assert caught.value.exit_status == ExitStatus.USAGE and not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- pruning a candidate that cannot win
+
+
+class ScriptedProbes(tune_live.LiveTune):
+    """Slot probes answered by a server of a given capacity (TTFT far over the SLO above it); the rates asked."""
+
+    def __init__(self, inputs, plan, capacity: float):
+        super().__init__(NoPlaybooks(), None, inputs, plan, lambda _event: None)
+        self.capacity, self.rates = capacity, []
+
+    def probe(self, slot, rate, *, warmup, seed):
+        self.rates.append(rate)
+        result = SimpleNamespace(data={"metrics": {"errors": {"by_class": {}}}, "slo": None})
+        ttft = 500.0 if rate <= self.capacity else 50_000.0
+        return result, {"completed": 100, "failed": 0, "request_throughput": min(rate, self.capacity),
+                        "ttft_ms": {"p99": ttft}, "errors": {}}
+
+
+def test_a_candidate_is_pruned_at_a_miss_the_incumbent_holds_and_the_baseline_never_is(tmp_path, sample_plan):
+    inputs = tune_live.LiveTuneInputs(inventory=SAMPLE / "hosts.yml", slos=("ttft=2s",), run_dir=tmp_path)
+    incumbent = TrialRecord(number=0, controller="controller-0", config=dict(sample_plan.baseline),
+                            params=sample_plan.space.params(sample_plan.baseline),
+                            fields=sample_plan.space.fields(sample_plan.baseline), evaluated=True, feasible=True,
+                            objective=16.0, rate=16.0)
+
+    def measure(config: dict) -> tuple[ScriptedProbes, search.Outcome]:
+        tune = ScriptedProbes(inputs, sample_plan, capacity=1.4)
+        tune.incumbent = incumbent
+        candidate = search.Candidate(number=2, config=config, params=sample_plan.space.params(config),
+                                     fields=sample_plan.space.fields(config), needs_quality=False, slot=0)
+        return tune, tune._measure(sample_plan.slots[0], candidate)
+
+    other = {**sample_plan.baseline, "max_num_seqs": 7}
+    tune, outcome = measure(other)
+    assert tune.rates == [tune_live.START_RATE]  # missed at 4 req/s, which the incumbent holds: nothing more
+    assert outcome.data["rate_search"]["stopped"].startswith("pruned")
+    tune, outcome = measure(dict(sample_plan.baseline))  # the same server as the baseline: measured in full
+    assert len(tune.rates) > 3 and outcome.rate is not None and outcome.rate <= 1.4
+    assert not outcome.data["rate_search"]["stopped"].startswith("pruned")

@@ -320,7 +320,10 @@ class LiveTune:
         self.host_locks = {slot.host: threading.Lock() for slot in plan.instances}
         self.baseline_outputs: list[str] | None = None
         self.goodput = slo.goodput_slos(plan.slos)  # typed, to the probe: each bound judged at its statistic
-        self.incumbent_rate: float | None = None  # the best capacity so far (run's on_event keeps it)
+        self.incumbent: TrialRecord | None = None  # the run's best trial so far (run's on_event keeps it)
+        # the inventory's own configuration as trial overrides (the baseline trial's, and the end's fallback)
+        self.baseline_config: dict[str, Any] | None = None if not plan.baseline else {
+            **plan.space.params(plan.baseline), **plan.space.fields(plan.baseline)}
 
     # ------------------------------------------------------------------ edges
 
@@ -472,10 +475,10 @@ class LiveTune:
         ceiling = self.ceiling()
         # a candidate's search stops once it missed at a rate the incumbent holds (`rate_search`'s pruning); the
         # baseline's capacity is always measured in full, the report compares the winner with it
-        baseline = self.plan.baseline is not None and _same_config(
-            {**candidate.params, **candidate.fields},
-            {**self.plan.space.params(self.plan.baseline), **self.plan.space.fields(self.plan.baseline)})
-        prune = None if baseline or self.inputs.objective != "capacity" else (lambda: self.incumbent_rate)
+        baseline = self.baseline_config is not None and _same_config({**candidate.params, **candidate.fields},
+                                                                     self.baseline_config)
+        prune = None if baseline or self.inputs.objective != "capacity" else (
+            lambda: None if self.incumbent is None else self.incumbent.rate)
         found = rate_search.search_rate(one, self.plan.slos, start=min(START_RATE, ceiling),
                                         min_rate=min(MIN_RATE, ceiling), max_rate=ceiling,
                                         max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE, repeats=1, prune_at=prune)
@@ -564,20 +567,16 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
                f"run directory {inputs.run_dir}")
     if plan.profile is None:
         tune._note(f"no dsctl model profile matches {plan.model}: candidates are not screened by the roofline")
-    best: list[TrialRecord] = []
-
     def on_event(phase: str, record: TrialRecord) -> None:
         counts = {}
         if phase == "told":
-            counts, incumbent = search.standing(driver.result().trials)
-            best[:] = [incumbent] if incumbent is not None else []
-            tune.incumbent_rate = incumbent.rate if incumbent is not None else None
+            counts, tune.incumbent = search.standing(driver.result().trials)
         slot = plan.slots[record.slot] if 0 <= record.slot < len(plan.slots) else None
         progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
                   "status": _status(record) if phase == "told" else "running", "objective": record.objective,
                   "rate": record.rate, "detail": record.detail, "evaluated": counts.get("evaluated"),
                   "crashed": counts.get("crashed"), "feasible": counts.get("feasible"), "budget": inputs.budget,
-                  "best": best[0].objective if best else None, "slot": record.slot,
+                  "best": tune.incumbent.objective if tune.incumbent else None, "slot": record.slot,
                   "host": slot.host if slot else None, "instance": slot.name if slot else None})
         if phase == "told" and slot is not None:
             tune._stage(slot, None, f"trial {record.number}: {_status(record)}")
@@ -677,8 +676,7 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
     winner = found.best
     baseline_params = plan.space.params(plan.baseline) if plan.baseline else {}
     winner_params = {} if winner is None else {**winner.params, **winner.fields}
-    is_baseline = winner is None or _same_config(winner_params, {**baseline_params, **plan.space.fields(
-        plan.baseline)})
+    is_baseline = winner is None or _same_config(winner_params, tune.baseline_config or {})
     try:
         trials_path = pareto.write_trials(found.trials, inputs.run_dir / TRIALS)
         first = plan.slos[0]
@@ -703,7 +701,7 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
         end.status = ExitStatus.SLO_NOT_MET
         end.errors.insert(0, _nothing_met(found))
     winning = end.deployed == "winner"
-    target = {**plan.space.params(plan.baseline), **plan.space.fields(plan.baseline)} if plan.baseline else None
+    target = tune.baseline_config
     result = TuneResult(
         mode="live", subject=(f"{plan.service} ({plan.model}, {plan.engine}, space {plan.space.name}) on "
                               f"{len(plan.slots)} instances"),
