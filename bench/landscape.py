@@ -27,9 +27,20 @@ configuration a search asks outside it is evaluated too, on demand, and the opti
 evaluated ("best known").  A candidate the quality guard rejects (agreement below the floor, known from its
 configuration) is not simulated: it costs its restart and counts as a failure.
 
+Figures robust to the workload's draw.  One capacity measurement is one draw of requests and arrivals, and at
+the top of a landscape that draw decides about as much as the configuration does: on chat-fixed, batch sizes
+36-64 at two streams all saturate near 6.2 req/s and measure 5.97-6.24 at seed 0, except batch 59, which measured
+6.73 (its probe at 6.73 req/s passed the sustained check, which its neighbours' failed by 1-3 %); at seeds 0, 101
+and 202 batch 59 measured 6.73, 7.03 and 5.97, a spread of 16 %, wider than the 2 % window.  So a
+configuration's *figure* is the median of its capacity over the workload seeds `FIGURE_SEEDS` (seed 0, the
+measurement every search sees, and two more), and the optimum is the best figure.  The extra seeds are measured
+only for configurations whose seed-0 value is within `FIGURE_CUT` of the best seed-0 value (the others cannot
+come near the top: the seed-to-seed spread is a few %, printed as the noise); below it the figure is the seed-0
+value.  The searches themselves see only seed 0, as `dsctl tune --simulate` does.
+
 This file prints, per landscape: the table's size and time, failures to start and under load, the optimum and
-its configuration, how flat the top is (configurations within 2 % and 5 % of the optimum) and the workload-seed
-noise (the optimum's configuration measured again with other seeds).
+its configuration, how flat the top is (configurations whose figure is within 2 % and 5 % of the optimum) and the
+workload-seed noise (the optimum's configuration at each seed of its figure, and the spread).
 
 Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm] [--rate R]
 """
@@ -39,6 +50,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import statistics
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -57,6 +69,10 @@ MODEL_ERROR = {"compute": 0.90, "bandwidth": 0.92, "step_overhead_ms": 1.4, "hos
 # public measurement of kv_sparse_threshold's effect on agreement exists, field-practice.md), so the model
 # screen's quality verdict can be wrong too.
 DIVERGENCE_ERROR = 1.1
+# A configuration's figure: the median of its capacity at these workload seeds, for those within FIGURE_CUT of the
+# best seed-0 value (see the docstring).  0.85: three times the largest seed-to-seed spread printed so far (5 %).
+FIGURE_SEEDS = (0, 101, 202)
+FIGURE_CUT = 0.85
 
 
 def truth_hardware() -> perfmodel.Efficiency:
@@ -128,6 +144,8 @@ class Truth:
         self._evaluate = tune.simulator(self.inputs, self.slos, self.space, self.workload)
         self.outcomes: dict[tuple, Outcome | None] = {}  # None: rejected by the quality guard, not simulated
         self.seconds = 0.0
+        self.seed = seed
+        self._other_seeds: dict[int, Truth] = {}
 
     def candidate(self, config: Mapping[str, Any]) -> Candidate:
         return Candidate(-1, dict(config), self.space.params(config), self.space.fields(config),
@@ -195,28 +213,45 @@ class Truth:
     def evaluated(self) -> list[tuple]:
         return list(self.outcomes)
 
+    def top_value(self) -> float:
+        """The best seed-0 value evaluated so far."""
+        return max((v for k in list(self.outcomes) if (v := self.value(dict(k))) is not None), default=0.0)
+
+    def at_seed(self, seed: int, config: Mapping[str, Any]) -> float:
+        """The configuration's value measured with another workload seed (0 when it then misses or fails)."""
+        if seed == self.seed:
+            return self.value(config) or 0.0
+        if seed not in self._other_seeds:
+            self._other_seeds[seed] = Truth(self.landscape, objective=self.inputs.objective, rate=self.inputs.rate,
+                                            seed=seed)
+        return self._other_seeds[seed].value(config) or 0.0
+
+    def figure(self, config: Mapping[str, Any], top: float | None = None) -> float | None:
+        """The configuration's figure (the docstring's "Figures robust to the workload's draw"): None when it fails
+        at seed 0 (what a search saw), the median over FIGURE_SEEDS when its seed-0 value is within FIGURE_CUT of
+        ``top`` (default: the best seed-0 value so far), else its seed-0 value."""
+        value = self.value(config)
+        if value is None:
+            return None
+        if value < FIGURE_CUT * (self.top_value() if top is None else top):
+            return value
+        return statistics.median(self.at_seed(seed, config) for seed in FIGURE_SEEDS)
+
     def optimum(self) -> tuple[float, dict[str, Any] | None]:
+        """The best figure over everything evaluated, and its configuration."""
+        top = self.top_value()
         best, where = 0.0, None
-        for k in self.outcomes:
-            value = self.value(dict(k))
-            if value is not None and value > best:
-                best, where = value, dict(k)
+        for k in list(self.outcomes):
+            figure = self.figure(dict(k), top)
+            if figure is not None and figure > best:
+                best, where = figure, dict(k)
         return best, where
 
     def flatness(self, shares: Iterable[float] = (0.02, 0.05)) -> dict[float, int]:
-        top, _ = self.optimum()
-        values = [v for k in self.outcomes if (v := self.value(dict(k))) is not None]
-        return {share: sum(1 for v in values if v >= top * (1 - share)) for share in shares}
-
-
-def seed_noise(landscape: Landscape, config: Mapping[str, Any], *, objective: str, rate: float | None,
-               seeds: Iterable[int] = (101, 202, 303)) -> list[float]:
-    """The optimum's configuration measured again with other workload seeds (0 when it then misses)."""
-    values = []
-    for seed in seeds:
-        other = Truth(landscape, objective=objective, rate=rate, seed=seed)
-        values.append(other.value(config) or 0.0)
-    return values
+        best, _ = self.optimum()
+        top = self.top_value()
+        figures = [f for k in list(self.outcomes) if (f := self.figure(dict(k), top)) is not None]
+        return {share: sum(1 for f in figures if f >= best * (1 - share)) for share in shares}
 
 
 def describe(truth: Truth, objective: str, rate: float | None) -> dict[str, Any]:
@@ -237,13 +272,14 @@ def describe(truth: Truth, objective: str, rate: float | None) -> dict[str, Any]
     if where is None:
         print("no configuration meets it")
         return {"optimum": 0.0}
-    noise = seed_noise(truth.landscape, where, objective=objective, rate=rate)
-    spread = (max([top, *noise]) - min([top, *noise])) / top * 100 if top else 0.0
-    print(f"optimum {top:.3g} {unit}: {' '.join(f'{k}={v}' for k, v in sorted(where.items()))}")
+    noise = [truth.at_seed(seed, where) for seed in FIGURE_SEEDS]
+    spread = (max(noise) - min(noise)) / top * 100 if top else 0.0
+    print(f"optimum {top:.3g} {unit} (best seed-0 value {truth.top_value():.3g}): "
+          f"{' '.join(f'{k}={v}' for k, v in sorted(where.items()))}")
     print(f"flatness: {flat[0.02]} configurations within 2 % of the optimum, {flat[0.05]} within 5 % "
           f"(of {feasible} feasible)")
-    print(f"workload-seed noise: the optimum's configuration at seeds 101, 202, 303: "
-          f"{', '.join(f'{v:.3g}' for v in noise)} (spread {spread:.1f} % with seed 0's {top:.3g})")
+    print(f"workload-seed noise: the optimum's configuration at seeds {', '.join(map(str, FIGURE_SEEDS))}: "
+          f"{', '.join(f'{v:.3g}' for v in noise)} (spread {spread:.1f} % of its figure, their median)")
     return {"optimum": top, "config": where, "flat": flat, "noise": noise, "spread": spread, "feasible": feasible}
 
 
