@@ -15,7 +15,7 @@ table is evaluated on demand, so the optimum is the best known over the table an
 
 Every search sees one measurement per configuration (workload seed 0, as `dsctl tune --simulate`); what it found is
 scored by the configurations' figures (landscape.py: the median over three workload seeds near the top), so that a
-lucky draw neither sets the optimum nor counts as a find.
+single lucky draw neither sets the optimum nor counts as a find.
 
 Each method runs ``--restarts`` evaluations (engine restarts; a screened, invalid or duplicate candidate costs
 none) per seed; reported at 10, 25 and 50 restarts (the first N evaluated restarts of the run): the best
@@ -58,7 +58,7 @@ class Run:
     def best_at(self, truth: Truth, restarts: int) -> float:
         """The best figure (landscape.Truth.figure: robust to the workload's draw) among the first ``restarts``
         evaluated configurations that met the SLO and the quality guard; 0 when none did."""
-        figures = (truth.figure(c) for c, failure in zip(self.configs[:restarts], self.failures, strict=False)
+        figures = (truth.figure(c) for c, failure in zip(self.configs[:restarts], self.failures[:restarts], strict=True)
                    if failure is None)
         return max((f for f in figures if f is not None), default=0.0)
 
