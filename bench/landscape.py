@@ -10,9 +10,10 @@ instance sustains while meeting the SLO), or with ``--rate`` the goodput at that
   count, KV sparsity), chat lengths (prompts 64-1024, outputs 16-192), TPOT p90 <= 60 ms;
 * chat-vllm: the same workload on vllm-ascend (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
   chunked prefill, prefix caching, eager mode), TTFT p90 <= 500 ms;
-* long-fixed: the fixed-batch engine on 32K-64K prompts (outputs 128-512, prompt + output within max_model_len
-  65536: the engine refuses longer requests with HTTP 400, as vLLM does), where KV memory
-  binds and sparsity lets more sequences in, TPOT p90 <= 120 ms;
+* long-fixed: the fixed-batch engine on 32K-64K prompts with a reasoning model's longer answers (outputs 512-1024,
+  prompt + output within max_model_len 65536: the engine refuses longer requests with HTTP 400, as vLLM does),
+  where KV memory binds and decode reads the long context, so sparsity lets more sequences in and saves reads,
+  TPOT p90 <= 120 ms (with outputs of 128-512 prefill bound everything and the best threshold was 0);
 * moe-vllm: DeepSeek-V2-Lite (MoE with MLA and shared experts) on a 2-NPU vllm-ascend instance (tensor x data
   parallel, the shared-expert overlap stream), prompts 64-2048, TPOT p90 <= 50 ms.
 
@@ -42,14 +43,22 @@ This file prints, per landscape: the table's size and time, failures to start an
 its configuration, how flat the top is (configurations whose figure is within 2 % and 5 % of the optimum) and the
 workload-seed noise (the optimum's configuration at each seed of its figure, and the spread).
 
+Tables cost minutes each (tens for the vllm-ascend ones): ``--cache DIR`` keeps every evaluated configuration (the
+table, the searches' extra ones, the other seeds) in DIR, keyed by the landscape, the objective, the seed and a
+digest of the code that produced them (`TRUTH_CODE` and this file), so a rerun of the same code reads them back
+and a change to that code starts afresh.
+
 Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm] [--rate R]
+                                           [--cache DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import itertools
+import pickle
 import statistics
 import sys
 import time
@@ -119,7 +128,7 @@ LANDSCAPES = {
                            "deepseek-r1-distill-qwen-7b", 1, "uniform:64:1024", "uniform:16:192", 4096,
                            "ttft:p90=500ms", _VLLM),
     "long-fixed": Landscape("long-fixed", "fixed-batch, 7B on 32K-64K prompts, tpot p90 <= 120 ms", "lab-engine",
-                            "deepseek-r1-distill-qwen-7b", 1, "uniform:32768:65024", "uniform:128:512", 65536,
+                            "deepseek-r1-distill-qwen-7b", 1, "uniform:32768:64512", "uniform:512:1024", 65536,
                             "tpot:p90=120ms", {**_FIXED, "batch_size": (1, 2, 3, 4, 6, 8, 12, 16)}),
     "moe-vllm": Landscape("moe-vllm", "vllm-ascend, DeepSeek-V2-Lite (MoE) on 2 NPUs, tpot p90 <= 50 ms",
                           "vllm-ascend", "deepseek-v2-lite", 2, "uniform:64:2048", "uniform:16:256", 8192,
@@ -134,11 +143,32 @@ def key(config: Mapping[str, Any]) -> tuple:
     return tuple(sorted(config.items()))
 
 
+# The code a table's outcomes come from (tune.simulator and what it runs), relative to the dsctl package; the searches'
+# own code (core/tune/search.py's loop, screens.py) is left out so that a change to the search reads the same tables.
+# (search.py's FAILURE_PATTERNS name the crash classes the truth records: clear the cache after changing them.)
+TRUTH_CODE = ("core/perf", "core/load", "core/tune/capacity.py", "core/tune/rate_search.py", "core/tune/slo.py",
+              "core/tune/quality.py", "core/tune/space.py", "services/tune.py", "data")
+
+
+def code_digest() -> str:
+    """A digest of the code a table depends on (`TRUTH_CODE` and this file)."""
+    package = Path(perfmodel.__file__).resolve().parents[2]
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for part in TRUTH_CODE:
+        root = package / part
+        paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
+                                                     and p.suffix in (".py", ".yaml", ".json"))
+        for path in paths:
+            digest.update(str(path.relative_to(package)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 class Truth:
     """A landscape's figure per configuration, evaluated once each, on the ground truth's hardware."""
 
     def __init__(self, landscape: Landscape, *, objective: str = "capacity", rate: float | None = None,
-                 seed: int = 0):
+                 seed: int = 0, cache: Path | None = None):
         self.landscape = landscape
         self.inputs = landscape.inputs(objective=objective, rate=rate, seed=seed)
         self.slos, self.space, self.workload = tune.resolve(self.inputs)
@@ -148,6 +178,29 @@ class Truth:
         self.seed = seed
         self._other_seeds: dict[int, Truth] = {}
         self._top: tuple[int, float] = (0, 0.0)  # (outcomes evaluated, their best value): top_value()'s memo
+        self.cache = cache
+        self._cached = 0
+        if cache is not None and self.cache_file().exists():
+            self.outcomes.update(pickle.loads(self.cache_file().read_bytes()))  # noqa: S301 (our own file)
+            self._cached = len(self.outcomes)
+
+    def cache_file(self) -> Path:
+        assert self.cache is not None
+        rate = "" if self.inputs.rate is None else f"-rate{self.inputs.rate:g}"
+        return self.cache / f"{self.landscape.key}-{self.inputs.objective}{rate}-seed{self.seed}-{code_digest()}.pkl"
+
+    def save(self) -> None:
+        """Write the evaluated configurations (this seed's and the other seeds') to the cache, when one is set."""
+        if self.cache is None:
+            return
+        for other in self._other_seeds.values():
+            other.save()
+        if len(self.outcomes) != self._cached:
+            self.cache.mkdir(parents=True, exist_ok=True)
+            partial = self.cache_file().with_suffix(".part")
+            partial.write_bytes(pickle.dumps(self.outcomes))
+            partial.replace(self.cache_file())
+            self._cached = len(self.outcomes)
 
     def candidate(self, config: Mapping[str, Any]) -> Candidate:
         return Candidate(-1, dict(config), self.space.params(config), self.space.fields(config),
@@ -228,7 +281,7 @@ class Truth:
             return self.value(config) or 0.0
         if seed not in self._other_seeds:
             self._other_seeds[seed] = Truth(self.landscape, objective=self.inputs.objective, rate=self.inputs.rate,
-                                            seed=seed)
+                                            seed=seed, cache=self.cache)
         return self._other_seeds[seed].value(config) or 0.0
 
     def figure(self, config: Mapping[str, Any], top: float | None = None) -> float | None:
@@ -292,11 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--landscapes", default=",".join(LANDSCAPES))
     parser.add_argument("--rate", type=float, default=None, help="goodput at this load instead of capacity")
+    parser.add_argument("--cache", type=Path, default=None, help="keep the evaluated configurations here")
     args = parser.parse_args(argv)
     objective = "capacity" if args.rate is None else "goodput"
     print(f"ground truth hardware vs dsctl's profile: {', '.join(f'{k} x{v:g}' for k, v in MODEL_ERROR.items())}")
     for name in args.landscapes.split(","):
-        describe(Truth(LANDSCAPES[name], objective=objective, rate=args.rate), objective, args.rate)
+        truth = Truth(LANDSCAPES[name], objective=objective, rate=args.rate, cache=args.cache)
+        describe(truth, objective, args.rate)
+        truth.save()
     return 0
 
 

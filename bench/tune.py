@@ -24,7 +24,7 @@ restarts that crashed, missed the SLO or failed the quality guard (each class co
 the ground truth), and the model screen's consultations (dsctl, random+screen).
 
 Usage: .venv/bin/python bench/tune.py [--landscapes ...] [--restarts 50] [--seeds 5] [--rate R]
-                                       [--methods dsctl,random,random+screen,tpe,grid]
+                                       [--methods dsctl,random,random+screen,tpe,grid] [--cache DIR]
 Most of the time is the tables (bench/landscape.py prints their cost): tens of minutes; a benchmark, not a test.
 """
 
@@ -37,6 +37,7 @@ import random
 import statistics
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from landscape import LANDSCAPES, MODEL_ERROR, Truth, describe
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--rate", type=float, default=None, help="goodput at this load instead of capacity")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep the evaluated configurations here (landscape.py --cache)")
     args = parser.parse_args(argv)
     objective = "capacity" if args.rate is None else "goodput"
     print(f"ground truth hardware vs dsctl's profile: {', '.join(f'{k} x{v:g}' for k, v in MODEL_ERROR.items())}; "
@@ -148,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
           "restarts: median % of the optimum (worst seed)")
     summary: list[tuple[str, Mapping[str, Any]]] = []
     for key in args.landscapes.split(","):
-        truth = Truth(LANDSCAPES[key], objective=objective, rate=args.rate)
+        truth = Truth(LANDSCAPES[key], objective=objective, rate=args.rate, cache=args.cache)
         facts = describe(truth, objective, args.rate)
+        truth.save()  # the table is the long part: kept even if a search below fails
         if not facts["optimum"]:
             continue
         runs = {m: [run_grid(truth, s, args.restarts) if m == "grid" else run_search(truth, m, s, args.restarts)
@@ -158,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         if optimum > facts["optimum"]:
             print(f"  (a search found {optimum:.3g}, above the table's optimum: the figures are against it)")
         rows = {m: report(truth, m, r, optimum) for m, r in runs.items()}
+        truth.save()
         summary.append((key, rows))
     print("\nsummary at 25 restarts (median % of the optimum / worst seed / failed restarts):")
     for key, rows in summary:

@@ -89,6 +89,9 @@ def test_refusals_are_one_line_with_their_exit_status(tmp_path):
                                        "stream_num in space fixed-batch; set batch_size or stream_num instead"]
     missing = run_cli(tmp_path, "--simulate", "--model", "r1-7b")
     assert missing.returncode == 2 and "--slo is required" in missing.stderr
+    endless = run_cli(tmp_path, "--simulate", "--model", "r1-7b", "--slo", "ttft=2s", "--window", "7200")
+    assert endless.returncode == 2 and endless.stderr.splitlines() == [
+        "dsctl: error: --window must be in (0, 3600] s, got 7200"]
 
 
 def fleet_inventory(tmp_path: Path, model: str, npus: int, **service) -> Path:
@@ -118,7 +121,8 @@ def test_live_refusals_come_before_any_host_is_contacted(tmp_path):
             (["--param", "max_num_seqz=8:64"], "max_num_seqz"),
             (["--model", "r1-7b"], "--model, --npus and --max-model-len are --simulate's"),
             (["--slots", "0"], "--slots must be at least 1, got 0"),
-            (["--budget", "0"], "--budget must be in 1..200 restarts, got 0")):
+            (["--budget", "0"], "--budget must be in 1..200 restarts, got 0"),
+            (["--window", "0"], "--window must be in (0, 3600] s, got 0")):
         bad = run_cli(tmp_path, str(inventory), "--slo", "ttft=2s", *args)
         assert bad.returncode == 2 and bad.stdout == "", bad.stderr
         (line,) = bad.stderr.splitlines()
@@ -130,11 +134,15 @@ def test_live_refusals_come_before_any_host_is_contacted(tmp_path):
 def test_an_itl_only_slo_is_tuned_on_throughput_not_an_internal_error(tmp_path):
     """ITL has no per-request goodput form (vLLM's --goodput takes ttft, tpot, e2el): issue 21 found
     `--slo itl:p99=60ms` exiting 1 with "the metrics have no request_goodput"."""
-    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "itl:median=200ms", "--budget", "3", "--json")
+    result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "itl:median=200ms", "--budget", "3", "--json",
+                     "--window", "60")
     assert result.returncode in (0, 6), result.stderr
     assert "internal error" not in result.stderr
     data = json.loads(result.stdout)["data"]
     assert data["best"] is None or data["best"]["objective"] > 0
+    # --window is every probe's least measured window (first to last arrival: a little less than rate x window)
+    windows = [t["capacity"]["window_s"] for t in data["trials"] if (t.get("capacity") or {}).get("window_s")]
+    assert windows and all(54.0 <= w < 100.0 for w in windows), windows
 
 
 def test_a_write_back_that_could_not_succeed_is_refused_before_any_restart(tmp_path):

@@ -79,7 +79,7 @@ def test_single_host_tunes_search_and_score_as_before(tmp_path, name):
     changes, trials = SINGLE_HOST_TUNES[name]
     inputs = tune.TuneInputs(chip="910B3", slos=("ttft:median=2s",), run_dir=tmp_path / "run", engine="vllm-ascend",
                              prompt_tokens="uniform:64:512", output_tokens="uniform:16:64", window_s=5.0,
-                             max_model_len=4096, budget=3, **changes)
+                             max_model_len=4096, budget=3, alloc_conf="", **changes)  # the allocator as before
     result = tune.run(inputs)
     assert [(t.number, t.failure, t.objective) for t in result.trials] == trials
     assert "enable_expert_parallel" not in result.space.names  # no layout knob on one host

@@ -284,3 +284,14 @@ def test_a_candidate_is_pruned_at_a_miss_the_incumbent_holds_and_the_baseline_ne
     tune, outcome = measure(dict(sample_plan.baseline))  # the same server as the baseline: measured in full
     assert len(tune.rates) > 3 and outcome.rate is not None and outcome.rate <= 1.4
     assert not outcome.data["rate_search"]["stopped"].startswith("pruned")
+
+
+def test_the_model_screen_runs_the_allocator_the_instances_start_with(tmp_path, inventory, sample_plan):
+    """The sample fleet's env sets expandable segments (the memory env); a service env that sets the vendor's
+    fragmenting allocator back is what the screen's model of that service runs."""
+    assert sample_plan.alloc_conf == "expandable_segments:True"
+    path = services_file(inventory)
+    path.write_text(path.read_text().replace("    params:\n", "    env:\n      PYTORCH_NPU_ALLOC_CONF: "
+                                             "\"expandable_segments:False\"\n    params:\n", 1))
+    plan = tune_live.prepare(tune_live.LiveTuneInputs(inventory=inventory, slos=("ttft=2s",), run_dir=tmp_path))
+    assert plan.alloc_conf == "expandable_segments:False"

@@ -151,27 +151,34 @@ def test_a_memory_verdict_is_ruled_never_overruled_and_no_consultation():
 
 
 def test_the_memory_check_sees_a_step_at_full_concurrency_that_the_lowest_load_never_reaches():
-    """bench/tune.py long-fixed: 32K-64K prompts; two sequences per stream start (the KV cache fits) but die when
-    both prefill at once; one per stream holds."""
+    """bench/tune.py long-fixed: 32K-64K prompts; three sequences per stream start (the KV cache fits) but die when
+    both streams prefill at once; two per stream hold under dsctl's memory env (expandable segments), and die under
+    the vendor's fragmenting allocator, which the simulated engine gets when the env is not dsctl's."""
     from pathlib import Path
 
     from dsctl.services import tune
 
-    inputs = tune.TuneInputs(model="deepseek-r1-distill-qwen-7b", chip="910B3", slos=("tpot:p90=120ms",),
-                             run_dir=Path("."), engine="lab-engine", prompt_tokens="uniform:32768:65024",
-                             output_tokens="uniform:128:512", max_model_len=65536, npus_per_instance=1, budget=4)
-    slos, space, workload = tune.resolve(inputs)
-    check = tune.model_memory(inputs, space, workload)
+    def checker(alloc_conf: str | None):
+        inputs = tune.TuneInputs(model="deepseek-r1-distill-qwen-7b", chip="910B3", slos=("tpot:p90=120ms",),
+                                 run_dir=Path("."), engine="lab-engine", prompt_tokens="uniform:32768:65024",
+                                 output_tokens="uniform:128:512", max_model_len=65536, npus_per_instance=1, budget=4,
+                                 alloc_conf=alloc_conf)
+        _slos, space, workload = tune.resolve(inputs)
+        check = tune.model_memory(inputs, space, workload)
 
-    def candidate(batch: int, streams: int) -> Candidate:
-        config = {"batch_size": batch, "stream_num": streams, "kv_sparse_threshold": 0.0}
-        return Candidate(0, config, space.params(config), space.fields(config), False)
+        def verdict(batch: int, streams: int) -> object:
+            config = {"batch_size": batch, "stream_num": streams, "kv_sparse_threshold": 0.0}
+            return check(Candidate(0, config, space.params(config), space.fields(config), False))
+        return verdict
 
-    assert check(candidate(1, 2)) is None
-    under_load = check(candidate(2, 2))
+    deployed, vendor = checker(None), checker("")
+    assert deployed(1, 2) is None and deployed(2, 2) is None
+    under_load = deployed(3, 2)
     assert isinstance(under_load, screens.UnderLoad) and "aclrtMalloc failed" in under_load.message
-    assert under_load.burst == "4 prompts of 65024 tokens at once"  # batch 2 x 2 streams, the longest prompt
-    assert isinstance(check(candidate(32, 8)), str)  # the KV cache of 8 x 32 x 64K tokens does not fit at start
+    assert under_load.burst == "6 prompts of 65024 tokens at once"  # batch 3 x 2 streams, the longest prompt
+    assert isinstance(deployed(32, 8), str)  # the KV cache of 8 x 32 x 64K tokens does not fit at start
+    assert vendor(1, 2) is None
+    assert isinstance(vendor(2, 2), screens.UnderLoad)
 
 
 def test_the_quality_floor_narrows_a_lossy_knob_to_the_values_it_lets_through():

@@ -20,7 +20,7 @@ from dsctl import ui
 from dsctl.adapters import output_paths
 from dsctl.adapters.ansible_run import new_artifacts_dir, runs_dir
 from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, vault_options
-from dsctl.core.tune import quality
+from dsctl.core.tune import capacity, quality
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.errors import UsageError
 from dsctl.services import tune as tune_verb
@@ -173,9 +173,13 @@ def run(
     requests: Annotated[int | None, typer.Option(
         "--requests", help="Floor on a probe's measured requests. By default each probe has 10 requests beyond the "
                            "SLO's percentile (p99: 1000, p95: 200, p90: 100, mean/median: 50), plus a warm-up at "
-                           "the same rate (10 %, at least 10) outside the statistics, and a window of at least 100 s "
-                           "(--simulate, virtual) or 10 s (live, the engine's modelled time): requests = max(rule, "
-                           "rate x window). A value below the rule is refused.")] = None,
+                           "the same rate (10 %, at least 10) outside the statistics, and a window of at least "
+                           "--window: requests = max(rule, rate x window). A value below the rule is refused.")
+    ] = None,
+    window: Annotated[float | None, typer.Option(
+        "--window", help="A probe's least measured window, seconds: --simulate's virtual time (default 300) or, "
+                         "live, the engine's modelled time (default 10). Longer windows give steadier capacity "
+                         "verdicts and cost proportionally more.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Live: requests before each trial's first probe.")] = 4,
     min_agreement: Annotated[float, typer.Option(
         "--min-agreement", help="Lossy knobs: the least share of greedy output equal to the baseline's.")
@@ -212,9 +216,9 @@ def run(
     """Search engine parameters for the highest capacity that meets the SLOs and deploy the winner; exit 6 if none
     does.
 
-    Capacity: the highest offered rate a configuration sustains (achieved throughput within 5 % of offered, median
-    TTFT not growing over the window) while meeting every SLO; a rate search that held at its ceiling (twice
-    estimate's throughput bound) says "≥ ceiling (not measured above)"."""
+    Capacity: the highest offered rate a configuration sustains (achieved throughput within 5 % of offered, the
+    requests in flight not growing over the window) while meeting every SLO; a rate search that held at its ceiling
+    (twice estimate's throughput bound) says "≥ ceiling (not measured above)"."""
     if objective is None:
         objective = "goodput" if rate is not None else "capacity"
     if resume is not None and not resume.is_dir():
@@ -240,7 +244,8 @@ def run(
             seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
             requests=requests, rate=rate, params=tuple(param or ()),
             npus_per_instance=instance, max_model_len=max_model_len, resume=resume is not None, screen=screen,
-            nodes=nodes, weight_bytes=tune_verb.WEIGHT_FORMATS[(weights or "bf16").lower()])
+            nodes=nodes, window_s=capacity.SIM_WINDOW_S if window is None else window,
+            weight_bytes=tune_verb.WEIGHT_FORMATS[(weights or "bf16").lower()])
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
         run_dir = resume if resume is not None else new_artifacts_dir("tune")
         result: TuneResult = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
@@ -262,7 +267,7 @@ def run(
             inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
             objective=objective, budget=16 if budget is None else budget, seed=seed, prompt_tokens=prompt_tokens,
             output_tokens=output_tokens, requests=requests, rate=rate,
-            params=tuple(param or ()),
+            window_s=capacity.LIVE_WINDOW_S if window is None else window, params=tuple(param or ()),
             min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
             limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time,
             screen=screen, max_slots=slots)

@@ -96,6 +96,7 @@ class LiveTuneInputs:
     prompt_tokens: str = "512"
     output_tokens: str = "128"
     requests: int | None = None  # floor on a probe's measured requests; None: the sample-size rule (capacity)
+    window_s: float = capacity.LIVE_WINDOW_S  # a probe's least measured window (the engine's modelled seconds)
     rate: float | None = None  # None: each candidate's highest sustained SLO-holding rate
     params: tuple[str, ...] = ()  # --param overrides of the space
     min_agreement: float = quality.DEFAULT_MIN_AGREEMENT
@@ -143,6 +144,7 @@ class LivePlan:
     shortest_output: int
     api_key: str | None = field(repr=False, default=None)
     log_files: Mapping[str, str] = field(default_factory=dict)  # instance -> log path on its host
+    alloc_conf: str = ""  # PYTORCH_NPU_ALLOC_CONF the instances start with (host env, then the service's env)
 
 
 # --------------------------------------------------------------------------- 1. the plan (no host contacted)
@@ -160,6 +162,7 @@ def _check(inputs: LiveTuneInputs) -> None:
         raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
     if not 0 <= inputs.warmup <= 100:
         raise UsageError(f"--warmup must be in 0..100 requests, got {inputs.warmup}")
+    capacity.check_window(inputs.window_s)
     if inputs.max_slots is not None and inputs.max_slots < 1:
         raise UsageError(f"--slots must be at least 1, got {inputs.max_slots}")
     if inputs.screen not in tune_sim.SCREENS:
@@ -251,10 +254,12 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
         log_dir = plan.settings[planned.host].dsctl_service_log_dir
         logs[planned.instance.name] = posixpath.join(log_dir, f"{planned.instance.name}.log")
     api_key = spec.api_key.get_secret_value() if getattr(spec, "api_key", None) is not None else None
+    environment = {**plan.settings[slots[0].host].environment, **spec.env}
     return LivePlan(service=name, engine=spec.engine, model=spec.served_model_name or spec.model, slots=slots,
                     instances=every,
                     slos=slos, space=space, baseline=baseline, profile=profile, shortest_prompt=shortest_prompt,
-                    shortest_output=shortest_output, api_key=api_key, log_files=logs)
+                    shortest_output=shortest_output, api_key=api_key, log_files=logs,
+                    alloc_conf=str(environment.get("PYTORCH_NPU_ALLOC_CONF", "")))
 
 
 # --------------------------------------------------------------------------- 2-5. the run
@@ -360,7 +365,7 @@ class LiveTune:
         """One probe at ``rate``, sized by `capacity.probe_size` (``warmup``: engine warm-up requests before it,
         e.g. after a restart); its result and the metrics of its measured window (`capacity.window_metrics`)."""
         stop = self.trials.stop
-        size = capacity.probe_size(self.plan.slos, rate, min_window_s=capacity.LIVE_WINDOW_S,
+        size = capacity.probe_size(self.plan.slos, rate, min_window_s=self.inputs.window_s,
                                    floor=self.inputs.requests, max_requests=MAX_REQUESTS)
         cfg = probe_verb.ProbeConfig(
             url=slot.url, model=self.plan.model, rate=rate, requests=size.requests, warmup=warmup,
@@ -647,7 +652,7 @@ def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predicto
         engine=plan.engine, space=plan.space.name, prompt_tokens=inputs.prompt_tokens,
         output_tokens=inputs.output_tokens, requests=inputs.requests,
         rate=inputs.rate if inputs.rate is not None else MIN_RATE, objective="goodput",
-        npus_per_instance=plan.space.npus_per_instance or 1, seed=inputs.seed)
+        npus_per_instance=plan.space.npus_per_instance or 1, seed=inputs.seed, alloc_conf=plan.alloc_conf)
     workload = tune_sim.Workload(tune_sim.LengthSpec.parse(inputs.prompt_tokens, "--prompt-tokens"),
                                  tune_sim.LengthSpec.parse(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
     return (tune_sim.model_predictor(model_inputs, plan.slos, plan.space, workload),
@@ -733,7 +738,7 @@ def _echo(inputs: LiveTuneInputs, plan: LivePlan) -> dict[str, Any]:
             "slots": [f"{s.host}/{s.name}" for s in plan.slots], "slos": [s.to_dict() for s in plan.slos],
             "objective": inputs.objective, "budget": inputs.budget, "seed": inputs.seed, "rate": inputs.rate,
             "prompt_tokens": inputs.prompt_tokens, "output_tokens": inputs.output_tokens,
-            "requests": inputs.requests, "window_s": capacity.LIVE_WINDOW_S,
+            "requests": inputs.requests, "window_s": inputs.window_s,
             "sample_rule": tune_sim.sample_rule(plan.slos), "run_dir": str(inputs.run_dir)}
 
 

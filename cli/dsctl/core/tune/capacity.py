@@ -8,14 +8,17 @@ Sample-size rule (`probe_size`).  The SLO's percentile must rest on at least `TA
 it in the measured window: ``measured >= 10 / (1 - q)``, so p99 needs 1000 measured requests, p95 200, p90 100;
 a mean or a median needs `CENTRAL_SAMPLES` (50); ``error_rate=b`` needs 10 / b (10 failures at the bound), at most
 1000.  The warm-up is 10 % of the measured requests, at least 10, sent at the same rate and kept out of every
-statistic (the queue and the batch fill up in it).  The window must also last `SIM_WINDOW_S` (100 s of virtual
+statistic (the queue and the batch fill up in it).  The window must also last `SIM_WINDOW_S` (300 s of virtual
 time in simulation, where time costs only the evaluator's CPU) or `LIVE_WINDOW_S` (10 s of the engine's modelled
 time live, where it is wall time divided by the lab engine's time scale), so that at high rates it is a load, not
-a burst: ``measured = max(percentile rule, ceil(r x window))``.  Why these windows (inferred, not from a source):
-the achieved rate's error is about the spread of the requests' latencies over the window, so a window must be
-many latencies long; at 20 s, chat requests of 1-4 s gave one configuration's capacity 1.4-4.4 req/s over five
-workload seeds, at 100 s 4.1-4.6 (bench/landscape.py chat-fixed); 10 s keeps a live trial of ~8 probes near two
-minutes, and its verdicts are the noisier for it (the repeat and the interval say how much).
+a burst: ``measured = max(percentile rule, ceil(r x window))``; ``--window`` sets either.  Why these windows
+(measured on the simulator, not from a source): near capacity a queue settles slowly, and a fixed-batch engine
+finishes its requests a batch at a time, so a short window both sees the queue still building and counts few
+completions.  R1-Distill-Qwen-7B on one 910B3 (bench/landscape.py chat-fixed), capacity over six workload seeds:
+batch 59 x 2 streams 5.3-6.8 req/s (sd 9 %) at 100 s, 6.65-7.34 (sd 3 %) at 300 s; batch 32 x 3 streams sd 5.3 %
+at 100 s, 1.5 % at 300 s; at 20 s one configuration spanned 1.4-4.4 req/s.  A 300-s window costs about 2.5x the
+CPU of a 100-s one.  10 s keeps a live trial of ~8 probes near two minutes, and its verdicts are the noisier for
+it (the repeat and the interval say how much).
 ``--requests`` is a floor on the measured requests: a value below the rule for the SLOs' statistics is refused
 (one line, exit 2) rather than reported as if it meant the percentile.
 
@@ -63,8 +66,9 @@ TAIL_SAMPLES = 10  # requests beyond the SLO's percentile in the measured window
 CENTRAL_SAMPLES = 50  # a mean or a median
 MAX_ERROR_RATE_SAMPLES = 1000  # error_rate=b asks 10 / b, capped here (as p99)
 WARMUP_SHARE, MIN_WARMUP = 0.10, 10
-SIM_WINDOW_S = 100.0  # virtual seconds: the simulator's time costs only its CPU
+SIM_WINDOW_S = 300.0  # virtual seconds: the simulator's time costs only its CPU
 LIVE_WINDOW_S = 10.0  # modelled seconds of a live probe
+MAX_WINDOW_S = 3600.0  # --window's bound: an hour of (virtual or modelled) time per probe
 THROUGHPUT_SLACK = 0.05  # achieved within 5 % of offered
 GROWTH_FACTOR, GROWTH_SLACK_REQUESTS = 1.25, 2.0  # second half's mean in flight <= 1.25 x first + 2 + 2 sqrt(first)
 CEILING_FACTOR = 2.0
@@ -122,6 +126,12 @@ def check_floor(slos: Sequence[slo_mod.Slo], requests: int | None) -> None:
         raise UsageError(f"--requests {requests}: {stats} needs at least {need} measured requests per probe "
                          f"({TAIL_SAMPLES} beyond the percentile; a mean or median {CENTRAL_SAMPLES}); leave "
                          "--requests out, or bind a lower statistic (e.g. ttft:median=...)")
+
+
+def check_window(window_s: float) -> None:
+    """``--window`` must be a positive number of seconds, at most `MAX_WINDOW_S`."""
+    if not 0 < window_s <= MAX_WINDOW_S:
+        raise UsageError(f"--window must be in (0, {MAX_WINDOW_S:g}] s, got {window_s:g}")
 
 
 def probe_size(slos: Sequence[slo_mod.Slo], rate: float, *, min_window_s: float, floor: int | None = None,
