@@ -35,9 +35,8 @@ the top of a landscape that draw decides about as much as the configuration does
 and 202 batch 59 measured 6.73, 7.03 and 5.97, a spread of 16 %, wider than the 2 % window.  So a
 configuration's *figure* is the median of its capacity over the workload seeds `FIGURE_SEEDS` (seed 0, the
 measurement every search sees, and two more), and the optimum is the best figure.  The extra seeds are measured
-only for configurations whose seed-0 value is within `FIGURE_CUT` of the best seed-0 value (below it a median
-near the top would need both other draws a third above seed 0's, twice the largest spread measured); below it the
-figure is the seed-0 value.  The searches themselves see only seed 0, as `dsctl tune --simulate` does.
+only for configurations whose seed-0 value is within `FIGURE_CUT` of the best figure (below it a median near the
+top would need both other draws a third above seed 0's); below it the figure is the seed-0 value.  The searches themselves see only seed 0, as `dsctl tune --simulate` does.
 
 This file prints, per landscape: the table's size and time, failures to start and under load, the optimum and
 its configuration, how flat the top is (configurations whose figure is within 2 % and 5 % of the optimum) and the
@@ -45,8 +44,8 @@ workload-seed noise (the optimum's configuration at each seed of its figure, and
 
 Tables cost minutes each (tens for the vllm-ascend ones): ``--cache DIR`` keeps every evaluated configuration (the
 table, the searches' extra ones, the other seeds) in DIR, keyed by the landscape, the objective, the seed and a
-digest of the code that produced them (`TRUTH_CODE` and this file), so a rerun of the same code reads them back
-and a change to that code starts afresh.
+digest of what produced them (`TRUTH_CODE`, the landscape's definition, the truth's hardware), so a rerun of the
+same code reads them back and a change to it starts afresh.
 
 Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm] [--rate R]
                                            [--cache DIR]
@@ -79,7 +78,7 @@ MODEL_ERROR = {"compute": 0.90, "bandwidth": 0.92, "step_overhead_ms": 1.4, "hos
 # screen's quality verdict can be wrong too.
 DIVERGENCE_ERROR = 1.1
 # A configuration's figure: the median of its capacity at these workload seeds, for those within FIGURE_CUT of the
-# best seed-0 value (see the docstring).  0.75: a third below the top, twice the largest seed-to-seed spread
+# best figure (see the docstring).  0.75: a third below the top, twice the largest seed-to-seed spread
 # measured (16 %, chat-fixed batch 59 at 2 streams).
 FIGURE_SEEDS = (0, 101, 202)
 FIGURE_CUT = 0.75
@@ -150,10 +149,11 @@ TRUTH_CODE = ("core/perf", "core/load", "core/tune/capacity.py", "core/tune/rate
               "core/tune/quality.py", "core/tune/space.py", "services/tune.py", "data")
 
 
-def code_digest() -> str:
-    """A digest of the code a table depends on (`TRUTH_CODE` and this file)."""
+def code_digest(landscape: Landscape) -> str:
+    """A digest of what a landscape's outcomes depend on: `TRUTH_CODE`, the landscape's definition and the truth's
+    hardware and divergence (not the rest of this file: how figures are taken from outcomes does not change them)."""
     package = Path(perfmodel.__file__).resolve().parents[2]
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest = hashlib.sha256(repr((landscape, sorted(MODEL_ERROR.items()), DIVERGENCE_ERROR)).encode())
     for part in TRUTH_CODE:
         root = package / part
         paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
@@ -177,7 +177,7 @@ class Truth:
         self.seconds = 0.0
         self.seed = seed
         self._other_seeds: dict[int, Truth] = {}
-        self._top: tuple[int, float] = (0, 0.0)  # (outcomes evaluated, their best value): top_value()'s memo
+        self._top: tuple[int, float] = (0, 0.0)  # (outcomes evaluated, their best figure): top_figure()'s memo
         self.cache = cache
         self._cached = 0
         if cache is not None and self.cache_file().exists():
@@ -187,7 +187,8 @@ class Truth:
     def cache_file(self) -> Path:
         assert self.cache is not None
         rate = "" if self.inputs.rate is None else f"-rate{self.inputs.rate:g}"
-        return self.cache / f"{self.landscape.key}-{self.inputs.objective}{rate}-seed{self.seed}-{code_digest()}.pkl"
+        name = f"{self.landscape.key}-{self.inputs.objective}{rate}-seed{self.seed}-{code_digest(self.landscape)}"
+        return self.cache / f"{name}.pkl"
 
     def save(self) -> None:
         """Write the evaluated configurations (this seed's and the other seeds') to the cache, when one is set."""
@@ -269,11 +270,27 @@ class Truth:
         return list(self.outcomes)
 
     def top_value(self) -> float:
-        """The best seed-0 value evaluated so far (recomputed only when more were evaluated: every figure asks)."""
+        """The best seed-0 value evaluated so far."""
+        return max((v for k in list(self.outcomes) if (v := self.value(dict(k))) is not None), default=0.0)
+
+    def top_figure(self) -> float:
+        """The best figure evaluated so far: medians taken from the highest seed-0 value down, until the seed-0 values
+        fall below FIGURE_CUT x the best median so far (recomputed only when more were evaluated: every figure
+        asks).  Against the best figure, not the best seed-0 value: a lucky seed-0 draw 50 % above its own median
+        (long-fixed) would otherwise put the cut above configurations whose medians are the top."""
         if self._top[0] != len(self.outcomes):
-            self._top = (len(self.outcomes), max((v for k in list(self.outcomes) if (v := self.value(dict(k)))
-                                                  is not None), default=0.0))
+            values = sorted(((v, k) for k in list(self.outcomes) if (v := self.value(dict(k))) is not None),
+                            key=lambda pair: -pair[0])
+            best = 0.0
+            for value, k in values:
+                if value < FIGURE_CUT * best:
+                    break
+                best = max(best, self._median(dict(k)))
+            self._top = (len(self.outcomes), best)
         return self._top[1]
+
+    def _median(self, config: Mapping[str, Any]) -> float:
+        return statistics.median(self.at_seed(seed, config) for seed in FIGURE_SEEDS)
 
     def at_seed(self, seed: int, config: Mapping[str, Any]) -> float:
         """The configuration's value measured with another workload seed (0 when it then misses or fails)."""
@@ -287,17 +304,17 @@ class Truth:
     def figure(self, config: Mapping[str, Any], top: float | None = None) -> float | None:
         """The configuration's figure (the docstring's "Figures robust to the workload's draw"): None when it fails
         at seed 0 (what a search saw), the median over FIGURE_SEEDS when its seed-0 value is within FIGURE_CUT of
-        ``top`` (default: the best seed-0 value so far), else its seed-0 value."""
+        ``top`` (default: the best figure so far, `top_figure`), else its seed-0 value."""
         value = self.value(config)
         if value is None:
             return None
-        if value < FIGURE_CUT * (self.top_value() if top is None else top):
+        if value < FIGURE_CUT * (self.top_figure() if top is None else top):
             return value
-        return statistics.median(self.at_seed(seed, config) for seed in FIGURE_SEEDS)
+        return self._median(config)
 
     def optimum(self) -> tuple[float, dict[str, Any] | None]:
         """The best figure over everything evaluated, and its configuration."""
-        top = self.top_value()
+        top = self.top_figure()
         best, where = 0.0, None
         for k in list(self.outcomes):
             figure = self.figure(dict(k), top)
@@ -307,7 +324,7 @@ class Truth:
 
     def flatness(self, shares: Iterable[float] = (0.02, 0.05)) -> dict[float, int]:
         best, _ = self.optimum()
-        top = self.top_value()
+        top = self.top_figure()
         figures = [f for k in list(self.outcomes) if (f := self.figure(dict(k), top)) is not None]
         return {share: sum(1 for f in figures if f >= best * (1 - share)) for share in shares}
 
