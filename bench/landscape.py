@@ -36,7 +36,8 @@ and 202 batch 59 measured 6.73, 7.03 and 5.97, a spread of 16 %, wider than the 
 configuration's *figure* is the median of its capacity over the workload seeds `FIGURE_SEEDS` (seed 0, the
 measurement every search sees, and two more), and the optimum is the best figure.  The extra seeds are measured
 only for configurations whose seed-0 value is within `FIGURE_CUT` of the best figure (below it a median near the
-top would need both other draws a third above seed 0's); below it the figure is the seed-0 value.  The searches themselves see only seed 0, as `dsctl tune --simulate` does.
+top would need both other draws a third above seed 0's); below it the figure is the seed-0 value.  The searches
+themselves see only seed 0, as `dsctl tune --simulate` does.
 
 This file prints, per landscape: the table's size and time, failures to start and under load, the optimum and
 its configuration, how flat the top is (configurations whose figure is within 2 % and 5 % of the optimum) and the
