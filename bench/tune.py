@@ -5,10 +5,11 @@ tables (on other hardware figures than the screens' model: landscape.MODEL_ERROR
 Every method samples the landscape's whole default space (not a pinned grid); a configuration outside the
 table is evaluated on demand, so the optimum is the best known over the table and every search.  Methods:
 
-* dsctl: `search.Search` with TPE, the roofline screen and the model screen, as `dsctl tune --simulate` runs it
+* dsctl: `search.Search` with TPE and its refinement around the incumbent (search.py "Refinement"), the roofline
+  screen and the model screen, as `dsctl tune --simulate` runs it
   (the model screen bounded: screens.ModelScreen), over the space its quality model narrows (lossy knobs kept to
   the values whose predicted agreement passes the floor: screens.quality_narrowed);
-* random: the same driver, seeded uniform sampling, no screens;
+* random: the same driver, seeded uniform sampling, no screens, no refinement;
 * random+screen: seeded uniform sampling with dsctl's screens (the screens' own worth);
 * tpe: TPE without screens (the sampler's own worth);
 * grid: the coarse grid (low / middle / high of every knob of the table) in a seeded order.
@@ -92,7 +93,8 @@ def run_search(truth: Truth, method: str, seed: int, restarts: int) -> Run:
     space = tune.quality_narrowed(truth.inputs, truth.space)[0] if method == "dsctl" else truth.space
     result = Search(space, truth.slos, truth_evaluator(truth),
                     SearchSettings(budget=restarts, seed=seed, strategy=strategy, objective=truth.inputs.objective,
-                                   npus_per_instance=truth.inputs.npus_per_instance), screen=screen).run()
+                                   npus_per_instance=truth.inputs.npus_per_instance,
+                                   **({} if method == "dsctl" else {"refine_share": 0.0})), screen=screen).run()
     evaluated = [t for t in result.trials if t.evaluated and t.duplicate_of is None]
     return Run([dict(t.config) for t in evaluated], [truth.failure(t.config) for t in evaluated],
                model.consulted if model is not None else 0)

@@ -463,3 +463,44 @@ def test_a_ruled_screen_reason_is_told_to_the_sampler_and_a_prediction_is_not():
     assert all(t.user_attrs["dsctl"]["constraints"]["failure"] == CRASH_VIOLATION for t in told)
     assert hidden and all(t.state == optuna.trial.TrialState.FAIL for t in hidden)
     assert told_asks < hidden_asks, (told_asks, hidden_asks)
+
+
+# --------------------------------------------------------------------------- refinement around the incumbent
+
+
+def test_the_last_share_of_the_budget_moves_one_knob_from_the_incumbent_and_climbs():
+    """A ridge the random start-up rarely lands on top of (throughput grows with max_num_seqs until memory runs
+    out): each trial of the refinement share is one knob's move from the incumbent of its time, and the climb ends
+    above where the sampler left it."""
+    budget = 16
+    search = Search(lab_space(), SLOS, evaluate, SearchSettings(budget=budget, seed=3, n_startup_trials=6,
+                                                               objective="goodput", refine_share=0.5))
+    result = search.run()
+    evaluated = [t for t in result.trials if t.evaluated]
+    assert len(evaluated) == budget
+    refine_from = budget - budget // 2
+    moved = 0
+    for index in range(refine_from, budget):
+        incumbent = best_trial(evaluated[:index])
+        differs = [name for name in search.space.names if evaluated[index].config[name] != incumbent.config[name]]
+        assert len(differs) == 1, (index, differs)
+        knob = search.space.knob(differs[0])
+        assert evaluated[index].config[differs[0]] in knob.neighbours(incumbent.config[differs[0]])
+        moved += 1
+    assert moved == budget // 2
+    assert result.best.objective > best_trial(evaluated[:refine_from]).objective
+
+
+def test_neighbours_are_one_move_on_the_knobs_grid():
+    space = resolve_space("fixed-batch")
+    assert space.knob("batch_size").neighbours(40) == (50, 32, 41, 39)
+    assert space.knob("batch_size").neighbours(64) == (51, 63)  # the top of the range: only down
+    assert space.knob("kv_sparse_threshold").neighbours(0.1) == (0.15, 0.05)  # on the 0.05 grid
+    assert space.knob("stream_num").neighbours(1) == (2,)
+    assert space.neighbours({"batch_size": 1, "stream_num": 1, "kv_sparse_threshold": 0.0}) == [
+        {"batch_size": 2, "stream_num": 1, "kv_sparse_threshold": 0.0},
+        {"batch_size": 1, "stream_num": 2, "kv_sparse_threshold": 0.0},
+        {"batch_size": 1, "stream_num": 1, "kv_sparse_threshold": 0.05}]
+    vllm = resolve_space("vllm-ascend", npus_per_instance=2)
+    assert vllm.knob("max_num_batched_tokens").neighbours(1024) == (1280, 819)  # log scale: the factor only
+    assert vllm.knob("enforce_eager").neighbours(False) == (True,)

@@ -34,6 +34,15 @@ Objectives: ``capacity`` (the default): the highest offered rate the candidate s
 evaluator's rate search gives it as ``Outcome.rate``); ``goodput`` / ``throughput``: request goodput or request
 throughput at the rate the metrics were measured at (``--rate``, or the highest that held).
 
+Refinement: the last ``refine_share`` (a quarter) of the budget goes to a local search around the incumbent: each
+ask is a configuration one knob's move away from it (`SearchSpace.neighbours`: the other boolean, the adjacent
+choice, a step or a factor of 5/4 of a number) that no trial has had, in a seeded order, queued with Optuna's
+``enqueue_trial`` so screens, duplicates and the budget treat it as any other trial; when the incumbent changes the
+search moves with it.  Why: on capacity landscapes the top is narrow (bench/landscape.py chat-fixed: 3 of 152
+feasible configurations within 5 % of the optimum, at the edge of the batch range) and TPE at 25 restarts lands
+near it without climbing onto it; a sampler that only models the space keeps spending restarts on other regions.
+``refine_share=0`` turns it off (bench/tune.py's random and TPE baselines).
+
 Best: the highest objective among feasible trials.  Where the trials' verdicts carry a noise (capacity: the rate
 search's bracket and the repeats' spread, `capacity.relative_noise`), trials are taken in order and a candidate
 replaces the incumbent only when it beats it beyond the larger noise (`capacity.beats`); otherwise ties go to the
@@ -48,6 +57,7 @@ import contextlib
 import inspect
 import json
 import math
+import random
 import re
 import signal
 import threading
@@ -178,6 +188,7 @@ class SearchSettings:
     min_agreement: float = quality_mod.DEFAULT_MIN_AGREEMENT
     npus_per_instance: int = 1
     strategy: str = "tpe"  # or "random": seeded uniform sampling, the baseline the benchmark compares with
+    refine_share: float = 0.25  # the budget's last share: neighbours of the incumbent (see "Refinement"); 0: none
 
     def check(self) -> None:
         if self.budget < 1:
@@ -190,6 +201,8 @@ class SearchSettings:
             raise UsageError(f"search strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
         if not 0 <= self.min_agreement <= 1:
             raise UsageError(f"--min-agreement must be in [0, 1], got {self.min_agreement}")
+        if not 0 <= self.refine_share < 1:
+            raise ValueError(f"refine_share must be in [0, 1), got {self.refine_share}")
 
 
 @dataclass
@@ -552,6 +565,8 @@ class Search:
                 out_of_time = deadline is not None and self.clock() >= deadline
                 while (free_slots and not out_of_time and self._spent() < settings.budget
                        and self.asks < self.max_asks):
+                    if self._refining():
+                        self._enqueue_neighbour()
                     trial, candidate = self._ask()
                     if self._settle_without_evaluating(trial, candidate):
                         continue
@@ -601,6 +616,36 @@ class Search:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         return self.result(stopped)
+
+    def _refining(self) -> bool:
+        """Whether the run is in its refinement share: the last ``refine_share`` of the budget, once the sampler's
+        random start-up is done."""
+        share = self.settings.refine_share
+        if share <= 0:
+            return False
+        spent = self._spent()
+        return spent >= max(self.n_startup, self.settings.budget - math.ceil(share * self.settings.budget))
+
+    def _enqueue_neighbour(self) -> None:
+        """Queue one configuration a knob's move away from the incumbent (`SearchSpace.neighbours`) that no trial
+        has had yet and the space allows, chosen in a seeded order; nothing when one is queued already or every
+        neighbour was tried (the sampler asks as before)."""
+        trials = self.study.get_trials(deepcopy=False)
+        if any(trial.state == TrialState.WAITING for trial in trials):
+            return
+        incumbent = best_trial(self._records())
+        if incumbent is None:
+            return
+        tried = [trial.params for trial in trials if trial.params]
+        moves = self.space.neighbours({name: incumbent.config[name] for name in self.space.names
+                                       if name in incumbent.config})
+        asked = self._asked_so_far()  # as _ask's reseeding: an interrupted and resumed study queues the same moves
+        order = random.Random(zlib.crc32(f"{self.settings.seed}:{self.controller}:refine:{asked}".encode()))
+        order.shuffle(moves)
+        for move in moves:
+            if not self.space.violations(move) and not any(_same(move, params) for params in tried):
+                self.study.enqueue_trial(move, user_attrs={"dsctl_origin": "refine"})
+                return
 
     def _settle_without_evaluating(self, trial: optuna.trial.Trial, candidate: Candidate) -> bool:
         """Tell an invalid, duplicate or screened-out candidate at once; True when it was."""

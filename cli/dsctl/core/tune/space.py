@@ -47,6 +47,10 @@ from dsctl.errors import UsageError
 KINDS = ("int", "float", "bool", "categorical")
 PARALLEL_FIELDS = ("tensor_parallel_size", "data_parallel_size")
 _REGISTRY_KIND = {"int": "int", "float": "float", "bool": "bool", "enum": "categorical", "str": "categorical"}
+# A numeric knob's multiplicative move in the local search around an incumbent (Knob.neighbours): 5/4, so a batch
+# of 40 moves to 50 or 32, and 8 -> 512 takes ~19 moves (a guess at a step that still tells neighbours apart on the
+# capacity landscapes of bench/landscape.py, where adjacent batch sizes differ by less than the noise).
+NEIGHBOUR_FACTOR = 1.25
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,40 @@ class Knob:
             steps = (value - self.low) / self.step
             return abs(steps - round(steps)) < 1e-9
         return True
+
+    def neighbours(self, value: Any) -> tuple[Any, ...]:
+        """The values one move from ``value``, for a local search around an incumbent: the other boolean; the
+        adjacent choices; for numbers one factor of `NEIGHBOUR_FACTOR` each way and, on a linear scale, one step
+        (a stepped knob's step, an int's 1, else a tenth of the range), on the knob's grid: a move is small near
+        the bottom of a range and still reaches the top of a wide one in a few moves.  Only values the knob
+        contains, never ``value`` itself."""
+        if self.kind == "bool":
+            return (not value,)
+        if self.kind == "categorical":
+            index = next((i for i, choice in enumerate(self.choices) if choice == value
+                          and type(choice) is type(value)), None)
+            if index is None:
+                return ()
+            return tuple(self.choices[i] for i in (index - 1, index + 1) if 0 <= i < len(self.choices))
+        moves = [value * NEIGHBOUR_FACTOR, value / NEIGHBOUR_FACTOR]
+        if not self.log:  # on a log scale the factor is the step
+            step = self.step or (1 if self.kind == "int" else 0.1 * (self.high - self.low))
+            moves += [value + step, value - step]
+        out: list[Any] = []
+        for move in moves:
+            move = self._on_grid(min(max(move, self.low), self.high))
+            if move != value and self.contains(move) and move not in out:
+                out.append(move)
+        return tuple(out)
+
+    def _on_grid(self, value: float) -> Any:
+        if self.kind == "int":
+            if self.step and not self.log:
+                return int(self.low + round((value - self.low) / self.step) * self.step)
+            return int(round(value))
+        if self.step and not self.log:
+            return round(self.low + round((value - self.low) / self.step) * self.step, 10)
+        return value
 
     @property
     def text(self) -> str:
@@ -235,6 +273,15 @@ class SearchSpace:
         if self.npus_per_instance is not None:
             values["npus_per_instance"] = self.npus_per_instance
         return values
+
+    def neighbours(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The configurations one knob's move (`Knob.neighbours`) from ``config``, in knob order; not checked
+        against the constraints (`violations` does that)."""
+        out = []
+        for knob in self.knobs:
+            if knob.name in config:
+                out += [{**config, knob.name: value} for value in knob.neighbours(config[knob.name])]
+        return out
 
     def violations(self, config: Mapping[str, Any]) -> list[str]:
         """The dependencies a configuration breaks (one line each), and values outside their knob's range."""
