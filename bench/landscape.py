@@ -29,10 +29,11 @@ evaluated ("best known").  A candidate the quality guard rejects (agreement belo
 configuration) is not simulated: it costs its restart and counts as a failure.
 
 Figures robust to the workload's draw.  One capacity measurement is one draw of requests and arrivals, and at
-the top of a landscape that draw decides about as much as the configuration does: on chat-fixed, batch sizes
-36-64 at two streams all saturate near 6.2 req/s and measure 5.97-6.24 at seed 0, except batch 59, which measured
-6.73 (its probe at 6.73 req/s passed the sustained check, which its neighbours' failed by 1-3 %); at seeds 0, 101
-and 202 batch 59 measured 6.73, 7.03 and 5.97, a spread of 16 %, wider than the 2 % window.  So a
+the top of a landscape that draw decides about as much as the configuration does.  With 100-s probe windows, on
+chat-fixed, batch sizes 36-64 at two streams all saturated near 6.2 req/s and measured 5.97-6.24 at seed 0,
+except batch 59 at 6.73; at seeds 0, 101 and 202 it measured 6.73, 7.03 and 5.97, a spread of 16 %, wider than
+the 2 % window.  300-s windows (capacity.SIM_WINDOW_S) narrowed that (the optimum's spread 6.6 % on chat-fixed),
+but long-fixed's probes rest on the sample-size rule's ~110 requests, not on the window, and spread 15 %.  So a
 configuration's *figure* is the median of its capacity over the workload seeds `FIGURE_SEEDS` (seed 0, the
 measurement every search sees, and two more), and the optimum is the best figure.  The extra seeds are measured
 only for configurations whose seed-0 value is within `FIGURE_CUT` of the best figure (below it a median near the
