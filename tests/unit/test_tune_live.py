@@ -295,3 +295,15 @@ def test_the_model_screen_runs_the_allocator_the_instances_start_with(tmp_path, 
                                              "\"expandable_segments:False\"\n    params:\n", 1))
     plan = tune_live.prepare(tune_live.LiveTuneInputs(inventory=inventory, slos=("ttft=2s",), run_dir=tmp_path))
     assert plan.alloc_conf == "expandable_segments:False"
+
+
+def test_hosts_that_start_the_service_with_different_allocators_are_refused(tmp_path, inventory):
+    """One model screen models every slot: a host whose env sets another allocator is a different service."""
+    host_vars = inventory.parent / "host_vars"
+    host_vars.mkdir()
+    (host_vars / "atlas-a02.yml").write_text(
+        "dsctl_ascend_env:\n  PYTORCH_NPU_ALLOC_CONF: \"expandable_segments:False\"\n")
+    with pytest.raises(UsageError) as refused:
+        tune_live.prepare(tune_live.LiveTuneInputs(inventory=inventory, slos=("ttft=2s",), run_dir=tmp_path))
+    assert str(refused.value).startswith("--service chat: host atlas-a02 defines it differently from atlas-a01 ")
+    assert "PYTORCH_NPU_ALLOC_CONF" in str(refused.value) and "--limit" in str(refused.value)

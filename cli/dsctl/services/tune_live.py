@@ -213,12 +213,17 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
     if inputs.write_back:  # the end writes the winner: a file it cannot rewrite is refused before any restart
         writeback.check(inputs.inventory, name, hosts=tuple(dict.fromkeys(p.host for p in plan.instances)))
     spec = plan.instances[0].spec
+
+    def alloc_conf(planned) -> str:  # the allocator the instance starts with: the host's env, then the service's
+        return str({**plan.settings[planned.host].environment, **planned.spec.env}.get("PYTORCH_NPU_ALLOC_CONF", ""))
+
     differing = [p.host for p in plan.instances if p.spec.params != spec.params or p.spec.engine != spec.engine
-                 or p.spec.npus_per_instance != spec.npus_per_instance]
+                 or p.spec.npus_per_instance != spec.npus_per_instance
+                 or alloc_conf(p) != alloc_conf(plan.instances[0])]
     if differing:
         raise UsageError(f"--service {name}: host {differing[0]} defines it differently from "
-                         f"{plan.instances[0].host} (engine, params or NPUs); tune a group of hosts that share one "
-                         "definition with --limit")
+                         f"{plan.instances[0].host} (engine, params, NPUs or PYTORCH_NPU_ALLOC_CONF); tune a group "
+                         "of hosts that share one definition with --limit")
     space_name = inputs.space or space_mod.default_space(spec.engine)
     space = space_mod.resolve_space(space_name, vllm_ascend=spec.vllm_ascend,
                                     npus_per_instance=spec.npus_per_instance, params=spec.params,
@@ -254,12 +259,11 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
         log_dir = plan.settings[planned.host].dsctl_service_log_dir
         logs[planned.instance.name] = posixpath.join(log_dir, f"{planned.instance.name}.log")
     api_key = spec.api_key.get_secret_value() if getattr(spec, "api_key", None) is not None else None
-    environment = {**plan.settings[slots[0].host].environment, **spec.env}
     return LivePlan(service=name, engine=spec.engine, model=spec.served_model_name or spec.model, slots=slots,
                     instances=every,
                     slos=slos, space=space, baseline=baseline, profile=profile, shortest_prompt=shortest_prompt,
                     shortest_output=shortest_output, api_key=api_key, log_files=logs,
-                    alloc_conf=str(environment.get("PYTORCH_NPU_ALLOC_CONF", "")))
+                    alloc_conf=alloc_conf(slots[0].planned))
 
 
 # --------------------------------------------------------------------------- 2-5. the run
