@@ -37,6 +37,7 @@ import itertools
 import random
 import statistics
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -158,8 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         truth.save()  # the table is the long part: kept even if a search below fails
         if not facts["optimum"]:
             continue
-        runs = {m: [run_grid(truth, s, args.restarts) if m == "grid" else run_search(truth, m, s, args.restarts)
-                    for s in range(args.seeds)] for m in args.methods.split(",")}
+        runs: dict[str, list[Run]] = {}
+        for method in args.methods.split(","):
+            for seed in range(args.seeds):  # progress on stderr: a landscape's searches take tens of minutes
+                started = time.monotonic()
+                run = (run_grid(truth, seed, args.restarts) if method == "grid"
+                       else run_search(truth, method, seed, args.restarts))
+                runs.setdefault(method, []).append(run)
+                print(f"  [{key} {method} seed {seed + 1}/{args.seeds}: {len(run.configs)} restarts in "
+                      f"{time.monotonic() - started:.0f} s]", file=sys.stderr, flush=True)
         optimum, _ = truth.optimum()  # the searches may have found better than the table
         if optimum > facts["optimum"]:
             print(f"  (a search found {optimum:.3g}, above the table's optimum: the figures are against it)")
