@@ -22,12 +22,12 @@ bandwidth 10 % and 8 % below dsctl's profile, per-step and per-sequence host ove
 (roofline and model) predict with the profile, as they would on a site whose hardware dsctl has not measured, so
 a screen can be wrong; its figures never enter the truth.
 
-Enumeration: the truth is exact only where it was evaluated.  Each landscape lists the values per knob its
-table enumerates (``grid``: the space's ranges at powers of two, the float steps a search can tell apart; the
-vllm-ascend landscapes three sizes per size knob, since at 300-s windows the full 588-point chat-vllm table would
-take hours on two cores); every configuration a search asks outside it is evaluated too, on demand, and the optimum is the best over everything
-evaluated ("best known").  A candidate the quality guard rejects (agreement below the floor, known from its
-configuration) is not simulated: it costs its restart and counts as a failure.
+Enumeration: the truth is exact only where it was evaluated. Each landscape lists the values per knob its table
+enumerates (``grid``: the space's ranges at powers of two, the float steps a search can tell apart; the vllm-ascend
+landscapes three sizes per size knob, since at 300-s windows the full 588-point chat-vllm table would take hours on
+two cores); every configuration a search asks outside it is evaluated too, on demand, and the optimum is the best
+over everything evaluated ("best known"). A candidate the quality guard rejects (agreement below the floor, known
+from its configuration) is not simulated: it costs its restart and counts as a failure.
 
 Figures robust to the workload's draw.  One capacity measurement is one draw of requests and arrivals, and at
 the top of a landscape that draw decides about as much as the configuration does.  With 100-s probe windows, on

@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = (run_grid(truth, seed, args.restarts) if method == "grid"
                        else run_search(truth, method, seed, args.restarts))
                 runs.setdefault(method, []).append(run)
+                truth.save()  # what this search evaluated survives an interrupted run
                 print(f"  [{key} {method} seed {seed + 1}/{args.seeds}: {len(run.configs)} restarts in "
                       f"{time.monotonic() - started:.0f} s]", file=sys.stderr, flush=True)
         optimum, _ = truth.optimum()  # the searches may have found better than the table
