@@ -53,6 +53,7 @@ from dsctl.adapters.ansible_run import PlaybookError
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.perf import perfmodel
+from dsctl.core.serving.service_render import instance_env
 from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
@@ -214,8 +215,10 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
         writeback.check(inputs.inventory, name, hosts=tuple(dict.fromkeys(p.host for p in plan.instances)))
     spec = plan.instances[0].spec
 
-    def alloc_conf(planned) -> str:  # the allocator the instance starts with: the host's env, then the service's
-        return str({**plan.settings[planned.host].environment, **planned.spec.env}.get("PYTORCH_NPU_ALLOC_CONF", ""))
+    def alloc_conf(planned: PlannedInstance) -> str:  # the allocator in the environment the instance starts with
+        settings = plan.settings[planned.host]
+        return instance_env(planned.spec, planned.instance, env=settings.environment,
+                            config_dir=settings.dsctl_service_config_dir).get("PYTORCH_NPU_ALLOC_CONF", "")
 
     differing = [p.host for p in plan.instances if p.spec.params != spec.params or p.spec.engine != spec.engine
                  or p.spec.npus_per_instance != spec.npus_per_instance
