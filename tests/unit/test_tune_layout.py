@@ -49,15 +49,16 @@ SINGLE_HOST = {
         (204048, 14338883232.0, 323616768.0, 395.5),
         (27.04221993825071, 80.64022319957515, 15.75356052990502, 18.729446781012626, 1107.1430417869738)),
 }
-# The same, for two small single-host tunes (budget 3): every trial's (number, failure, objective).
+# The same, for two small single-host tunes (budget 3): every trial's (number, failure, objective).  (Refreshed when
+# the rate search began to resolve throughput-bound tops at the server's completion rate: rate_search.py.)
 SINGLE_HOST_TUNES = {
     "r1-7b vllm-ascend 1 npu": (
         {"model": "r1-7b", "npus_per_instance": 1},
-        [(0, "screened", None), (1, "screened", None), (2, None, 36.838055358495446), (3, None, 34.520345528227836),
-         (4, None, 36.838055358495446)]),
+        [(0, "screened", None), (1, "screened", None), (2, None, 36.93210391120725), (3, None, 34.3578306280526),
+         (4, None, 36.24505053075838)]),
     "v2-lite vllm-ascend 2 npus tp2": (
         {"model": "deepseek-v2-lite", "npus_per_instance": 2, "params": ("tensor_parallel_size=2",)},
-        [(0, "screened", None), (1, None, 56.20006913194558), (2, None, 73.6408945067659),
+        [(0, "screened", None), (1, None, 55.52404105916339), (2, None, 72.77572260615518),
          (3, None, 105.40282784744358)]),
 }
 

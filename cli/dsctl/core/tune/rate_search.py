@@ -13,6 +13,18 @@ highest rate that held (``lo``) and the lowest that missed (``hi``).
 3. Repeat the winning rate ``repeats`` times (single-run verdicts flip under noise: AIPerf's caveat, vLLM's 3
    runs).  If a repeat misses, that rate becomes ``hi`` and the search continues below it.
 
+Throughput-bound tops.  A probe that misses because the server completed more than `capacity.THROUGHPUT_SLACK`
+less than it was offered measured what the overloaded server completes.  Every offered rate up to that rate /
+(1 - slack) passes the slack test, so in that band the verdict flips with the draw and bisecting it measures the
+draw, not the configuration (bench/tune.py moe-vllm: one configuration held at 45.3 req/s, missed its repeats
+there and at 45.75, and with the probes spent fell back to 32, while the server completed 43.4 at every rate
+above; its workload seeds measured 32.0, 43.3 and 46.2).  So once some probe missed on throughput, the server's
+throughput is taken as the best window's achieved rate (`_throughput`), the bisection probes that rate next when
+it lies inside the bracket, and the bracket is resolved once the held ``lo`` is within ``rel_tol`` of it: the
+capacity of a throughput-bound configuration is the rate its server completes (the slack test would pass up to
+5 % more), and its noise is the gap between ``lo`` and that rate, not the bracket's width.  After a repeat that
+missed on throughput, rates that held above that throughput (a lucky draw in the band) are not taken as ``lo``.
+
 ``prune_at`` (the incumbent's capacity, asked before each probe) spares probes that cannot change the answer:
 once a rate at or below it missed, this configuration cannot beat the incumbent (its capacity is below that
 rate), so its exact capacity is not worth measuring (Optuna's pruners stop unpromising trials for the same
@@ -60,6 +72,7 @@ class RateSearchResult:
     stopped: str
     confirmed: bool = True  # False: the probe budget ran out before ``rate`` could be repeated
     ceiling: float | None = None  # the search's max_rate
+    completed: float | None = None  # throughput-bound: the rate the overloaded server completed at ``lowest_missing``
 
     @property
     def at_ceiling(self) -> bool:
@@ -74,7 +87,10 @@ class RateSearchResult:
             return 0.0
         achieved = [(p.metrics.get(capacity.STEADY) or {}).get("achieved_rate") for p in self.probes
                     if p.rate == self.rate and p.met]
-        return capacity.relative_noise(self.rate, self.lowest_missing, [a for a in achieved if a is not None])
+        upper = self.lowest_missing
+        if self.completed is not None and upper is not None:  # throughput-bound: the gap to what the server completed
+            upper = min(upper, max(self.rate, self.completed) * (1.0 + 1e-12))
+        return capacity.relative_noise(self.rate, upper, [a for a in achieved if a is not None])
 
     @property
     def metrics(self) -> Mapping[str, Any] | None:
@@ -116,6 +132,7 @@ def to_outcome(result: RateSearchResult, **data: Any) -> Outcome:
 def _summary(result: RateSearchResult) -> dict[str, Any]:
     return {"rate": result.rate, "lowest_missing": result.lowest_missing, "stopped": result.stopped,
             "confirmed": result.confirmed, "ceiling": result.ceiling, "at_ceiling": result.at_ceiling,
+            "completed": result.completed,
             "probes": [{"rate": p.rate, "met": p.met, "margin": p.margin, "binding": p.binding, "repeat": p.repeat,
                         **_window(p)} for p in result.probes]}
 
@@ -187,15 +204,26 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
         else:
             hi = rate
     while True:
-        # 2. bisect
+        # 2. bisect (see "Throughput-bound tops")
+        resolved: float | None = None  # the completion rate the bracket was resolved at
         while searching_left() > 0 and lo is not None and hi is not None and hi / lo - 1 > rel_tol:
             if (stop := pruned()) is not None:
                 return stop
+            completed = _throughput(probes)
+            if completed is not None and completed <= lo * (1 + rel_tol):
+                resolved = completed
+                break
             rate = math.sqrt(lo * hi)
-            if run(rate).met:
+            if completed is not None and lo < completed < hi and not any(p.rate == completed for p in probes):
+                rate = completed
+            probed = run(rate)
+            if probed.met:
                 lo = rate
             else:
                 hi = rate
+        completed = _throughput(probes) if lo is not None and hi is not None else None
+        if resolved is None and completed is not None and completed <= lo * (1 + rel_tol):
+            resolved = completed  # the bisection ended within rel_tol at the throughput limit
         if lo is None:
             return RateSearchResult(None, hi, tuple(probes), f"even {min_rate:g} req/s misses the SLO"
                                     if hi is not None and hi <= min_rate else "no rate held within the probe budget",
@@ -216,24 +244,49 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
                 return RateSearchResult(max(safe), hi, tuple(probes), "probe budget spent; reporting the highest "
                                         "rate that held on a repeat", ceiling=max_rate)
             return RateSearchResult(lo, hi, tuple(probes), "probe budget spent before a repeat", confirmed=False,
-                                    ceiling=max_rate)
+                                    ceiling=max_rate, completed=resolved)
         if not missed:
             if hi is None:
                 stopped = f"max_rate {max_rate:g} req/s holds" if lo >= max_rate else "probe budget spent"
+            elif resolved is not None:
+                stopped = (f"throughput-bound: the server completes at most {resolved:.3g} req/s (its best window; "
+                           f"{hi:.3g} offered missed); {lo:.3g} held")
             elif hi / lo - 1 <= rel_tol:
                 stopped = f"bracketed within {rel_tol:.0%}"
             else:
                 stopped = "probe budget spent"
-            return RateSearchResult(lo, hi, tuple(probes), stopped, ceiling=max_rate)
-        # the repeat missed: that rate is not safe; continue below it with the rates that held there
+            return RateSearchResult(lo, hi, tuple(probes), stopped, ceiling=max_rate, completed=resolved)
+        # the repeat missed: that rate is not safe; continue below it with the rates that held there, but not
+        # above what the server completed in that repeat when it missed on throughput (a lucky draw in the band)
         hi = lo
-        held_below = [p.rate for p in probes if p.rate < hi and p.met and not _missed_at(probes, p.rate)]
+        below = _throughput(probes)
+        held_below = [p.rate for p in probes if p.rate < hi and p.met and not _missed_at(probes, p.rate)
+                      and (below is None or p.rate <= below * (1 + rel_tol))]
         lo = max(held_below) if held_below else None
         if lo is None and searching_left() > 0:
             rate = max(hi / growth, min_rate)
             if rate < hi and run(rate).met:
                 lo = rate
         # each pass through this loop used at least one probe (the repeat that missed), so it ends
+
+
+def _throughput(probes: Sequence[RateProbe]) -> float | None:
+    """What the server completes at most, once some probe missed on throughput (its window's achieved rate more
+    than `capacity.THROUGHPUT_SLACK` short of the offered one; not a growing queue, whose achieved rate says
+    nothing): the highest achieved rate of those misses and of the probes that held (each a lower bound: one
+    window at a heavy overload can complete less than the server's best, lab tune with 5-s windows: 31.7 req/s at
+    64 offered, 34.9 at 32).  None when no probe missed on throughput."""
+    shortfall, held = [], []
+    for probe in probes:
+        steady = probe.metrics.get(capacity.STEADY) or {}
+        achieved, offered = steady.get("achieved_rate"), steady.get("offered_rate")
+        if achieved is None or not math.isfinite(achieved) or achieved <= 0:
+            continue
+        if probe.met:
+            held.append(float(achieved))
+        elif probe.binding == "sustained" and offered and achieved < (1 - capacity.THROUGHPUT_SLACK) * offered:
+            shortfall.append(float(achieved))
+    return max(shortfall + held) if shortfall else None
 
 
 def _missed_at(probes: Sequence[RateProbe], rate: float) -> bool:
