@@ -336,8 +336,10 @@ class Truth:
 def describe(truth: Truth, objective: str, rate: float | None) -> dict[str, Any]:
     """Enumerate the table and print the landscape's figures; returns them."""
     began = time.monotonic()
-    for config in truth.table():
+    for index, config in enumerate(truth.table(), 1):
         truth.outcome(config)
+        if index % 25 == 0:
+            truth.save()  # a table takes up to an hour: an interrupted run keeps what it evaluated
     classes = [truth.failure(dict(k)) for k in truth.outcomes]
     top, where = truth.optimum()
     flat = truth.flatness()
