@@ -34,7 +34,10 @@ the top of a landscape that draw decides about as much as the configuration does
 chat-fixed, batch sizes 36-64 at two streams all saturated near 6.2 req/s and measured 5.97-6.24 at seed 0,
 except batch 59 at 6.73; at seeds 0, 101 and 202 it measured 6.73, 7.03 and 5.97, a spread of 16 %, wider than
 the 2 % window.  300-s windows (capacity.SIM_WINDOW_S) narrowed that (the optimum's spread 6.6 % on chat-fixed),
-but long-fixed's probes rest on the sample-size rule's ~110 requests, not on the window, and spread 15 %.  So a
+but long-fixed's probes rest on the sample-size rule's ~110 requests, not on the window, and spread 15-22 %.  Where
+throughput binds, the rate search bisected the 5 % slack band, where verdicts flip with the draw: moe-vllm's
+optimum spread 17.6 % over the seeds (32.0 / 43.3 / 46.2 req/s); resolved at the rate the server completes
+(rate_search.py, "Throughput-bound tops") it spreads 1.7 %, chat-fixed's 4.5 % (was 8.8 %).  So a
 configuration's *figure* is the median of its capacity over the workload seeds `FIGURE_SEEDS` (seed 0, the
 measurement every search sees, and two more), and the optimum is the best figure.  The extra seeds are measured
 only for configurations whose seed-0 value is within `FIGURE_CUT` of the best figure (below it a median near the
