@@ -72,7 +72,7 @@ class RateSearchResult:
     stopped: str
     confirmed: bool = True  # False: the probe budget ran out before ``rate`` could be repeated
     ceiling: float | None = None  # the search's max_rate
-    completed: float | None = None  # throughput-bound: the rate the overloaded server completed at ``lowest_missing``
+    completed: float | None = None  # throughput-bound: the most the server completed in a window (`_throughput`)
 
     @property
     def at_ceiling(self) -> bool:
