@@ -89,7 +89,7 @@ class RateSearchResult:
                     if p.rate == self.rate and p.met]
         upper = self.lowest_missing
         if self.completed is not None and upper is not None:  # throughput-bound: the gap to what the server completed
-            upper = min(upper, max(self.rate, self.completed) * (1.0 + 1e-12))
+            upper = min(upper, max(self.rate, self.completed))
         return capacity.relative_noise(self.rate, upper, [a for a in achieved if a is not None])
 
     @property
@@ -203,27 +203,27 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
             lo = rate
         else:
             hi = rate
+    def resolved_at() -> float | None:
+        """The server's throughput when the held ``lo`` is within rel_tol of it (see "Throughput-bound tops")."""
+        completed = _throughput(probes)
+        return completed if completed is not None and lo is not None and completed <= lo * (1 + rel_tol) else None
+
     while True:
         # 2. bisect (see "Throughput-bound tops")
-        resolved: float | None = None  # the completion rate the bracket was resolved at
         while searching_left() > 0 and lo is not None and hi is not None and hi / lo - 1 > rel_tol:
             if (stop := pruned()) is not None:
                 return stop
-            completed = _throughput(probes)
-            if completed is not None and completed <= lo * (1 + rel_tol):
-                resolved = completed
+            if resolved_at() is not None:
                 break
             rate = math.sqrt(lo * hi)
+            completed = _throughput(probes)
             if completed is not None and lo < completed < hi and not any(p.rate == completed for p in probes):
                 rate = completed
-            probed = run(rate)
-            if probed.met:
+            if run(rate).met:
                 lo = rate
             else:
                 hi = rate
-        completed = _throughput(probes) if lo is not None and hi is not None else None
-        if resolved is None and completed is not None and completed <= lo * (1 + rel_tol):
-            resolved = completed  # the bisection ended within rel_tol at the throughput limit
+        resolved = resolved_at() if hi is not None else None
         if lo is None:
             return RateSearchResult(None, hi, tuple(probes), f"even {min_rate:g} req/s misses the SLO"
                                     if hi is not None and hi <= min_rate else "no rate held within the probe budget",
