@@ -15,8 +15,8 @@ table is evaluated on demand, so the optimum is the best known over the table an
 * grid: the coarse grid (low / middle / high of every knob of the table) in a seeded order.
 
 Every search sees one measurement per configuration (workload seed 0, as `dsctl tune --simulate`); what it found is
-scored by the configurations' figures (landscape.py: the median over three workload seeds near the top), so that a
-single lucky draw neither sets the optimum nor counts as a find.
+scored by the configurations' figures (landscape.py: the median over three workload seeds near the top, the mean
+over nine at the top itself), so that a single lucky draw neither sets the optimum nor counts as a find.
 
 Each method runs ``--restarts`` evaluations (engine restarts; a screened, invalid or duplicate candidate costs
 none) per seed; reported at 10, 25 and 50 restarts (the first N evaluated restarts of the run): the best
