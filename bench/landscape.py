@@ -160,7 +160,9 @@ LANDSCAPES = {
 
 
 def key(config: Mapping[str, Any]) -> tuple:
-    return tuple(sorted(config.items()))
+    """A configuration's cache key; floats to 9 decimals (0.8400000000000001 and 0.84 are one configuration)."""
+    return tuple(sorted((name, round(value, 9) if isinstance(value, float) else value)
+                        for name, value in config.items()))
 
 
 # The code a table's outcomes come from (tune.simulator and what it runs), relative to the dsctl package; the searches'
@@ -202,7 +204,8 @@ class Truth:
         self.cache = cache
         self._cached = 0
         if cache is not None and self.cache_file().exists():
-            self.outcomes.update(pickle.loads(self.cache_file().read_bytes()))  # noqa: S301 (our own file)
+            loaded = pickle.loads(self.cache_file().read_bytes())  # noqa: S301 (our own file)
+            self.outcomes.update({key(dict(k)): outcome for k, outcome in loaded.items()})
             self._cached = len(self.outcomes)
 
     def cache_file(self) -> Path:

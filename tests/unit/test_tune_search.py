@@ -493,6 +493,10 @@ def test_the_last_share_of_the_budget_moves_one_knob_from_the_incumbent_and_clim
         moved += 1
     assert moved == budget // 2
     assert result.best.objective > best_trial(evaluated[:refine_from]).objective
+    stepped = [k.name for k in search.space.knobs if k.kind == "float" and k.step]
+    assert stepped, "the lab space has a stepped float knob"
+    for trial in result.trials:  # Optuna's low + k x step (0.8400000000000001) never reaches the engine or report
+        assert all(repr(trial.config[name]) == repr(round(trial.config[name], 6)) for name in stepped), trial.config
 
 
 def _record(number: int, config: dict, objective: float | None, *, feasible: bool = True) -> TrialRecord:
@@ -537,3 +541,5 @@ def test_neighbours_are_one_move_on_the_knobs_grid():
     vllm = resolve_space("vllm-ascend", npus_per_instance=2)
     assert vllm.knob("max_num_batched_tokens").neighbours(1024) == (1280, 819)  # log scale: the factor only
     assert vllm.knob("enforce_eager").neighbours(False) == (True,)
+    assert repr(vllm.knob("gpu_memory_utilization").snap(0.8 + 4 * 0.01)) == "0.84"
+    assert vllm.knob("max_num_seqs").snap(123) == 123 and vllm.knob("enforce_eager").snap(True) is True

@@ -426,7 +426,7 @@ class Search:
         trial = self.study.ask(self.dists)
         trial.set_user_attr("dsctl_controller", self.controller)
         self.asks += 1
-        config = {name: trial.params[name] for name in self.space.names}
+        config = {name: self.space.knob(name).snap(trial.params[name]) for name in self.space.names}
         lossy = [name for name in self.space.lossy if not self._same_value(name, config)]
         candidate = Candidate(number=trial.number, config=config, params=self.space.params(config),
                               fields=self.space.fields(config), needs_quality=bool(lossy))

@@ -124,6 +124,13 @@ class Knob:
                 out.append(move)
         return tuple(out)
 
+    def snap(self, value: Any) -> Any:
+        """A stepped float as its step's decimal value: Optuna's ``low + k x step`` gives 0.8400000000000001, which
+        would reach the engine's argv and the report as it is."""
+        if self.kind == "float" and self.step and not self.log and isinstance(value, float):
+            return self._on_grid(value)
+        return value
+
     def _on_grid(self, value: float) -> Any:
         if self.kind == "int":
             if self.step and not self.log:
