@@ -209,13 +209,18 @@ def steady_state(records: Sequence[RequestRecord], warmup: int, *, required: int
     reasons = []
     if n == 0 or not ok:
         reasons.append("no measured request completed")
-    elif offered and achieved is not None and achieved < (1.0 - THROUGHPUT_SLACK) * offered:
+    elif short_of_offered(offered, achieved):
         reasons.append(f"achieved {achieved:.3g} req/s of {offered:.3g} offered (more than "
                        f"{THROUGHPUT_SLACK:.0%} short)")
     if first is not None and second is not None and second > growth_limit(first):
         reasons.append(f"queue growing: {first:.3g} requests in flight on average in the window's first half, "
                        f"{second:.3g} in its second")
     return SteadyState(not reasons, "; ".join(reasons), offered, achieved, window, n, warmup, required, first, second)
+
+
+def short_of_offered(offered: float | None, achieved: float | None) -> bool:
+    """The sustained rule's throughput test: the window completed more than `THROUGHPUT_SLACK` less than offered."""
+    return bool(offered) and achieved is not None and achieved < (1.0 - THROUGHPUT_SLACK) * offered
 
 
 def growth_limit(first_half: float) -> float:

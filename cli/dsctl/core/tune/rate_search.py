@@ -284,7 +284,7 @@ def _throughput(probes: Sequence[RateProbe]) -> float | None:
             continue
         if probe.met:
             held.append(float(achieved))
-        elif probe.binding == "sustained" and offered and achieved < (1 - capacity.THROUGHPUT_SLACK) * offered:
+        elif probe.binding == "sustained" and capacity.short_of_offered(offered, achieved):
             shortfall.append(float(achieved))
     return max(shortfall + held) if shortfall else None
 
