@@ -740,8 +740,8 @@ def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Seq
     Why (bench/tune.py moe-vllm, 8 knobs): in a uniform order over *moves*, gpu_memory_utilization (four moves),
     max_num_seqs and prefix caching, all flat there, took four of a seed's seven refinement restarts, and the move
     that gained most (the shared-expert overlap on, +3 %) was never tried; a move that changed nothing tells that
-    the top is flat along that knob here.  Measured over 5 seeds at 25 restarts: moe-vllm's worst seed 89.4 ->
-    93.3 % of the optimum (median 95.9 % both), chat-fixed unchanged (99.5 / 96.6 %)."""
+    the top is flat along that knob here.  Measured over 5 seeds at 25 restarts (three-seed figures): moe-vllm's
+    worst seed 89.4 -> 93.3 % of the optimum (median 95.9 % both), chat-fixed unchanged (99.5 / 96.6 %)."""
     def along(name: str) -> list[TrialRecord]:
         return [r for r in measured if r.number != incumbent.number and name in r.config
                 and [k for k in base if k in r.config and not _same({k: r.config[k]}, {k: base[k]})] == [name]]
