@@ -202,6 +202,9 @@ class Truth:
         self._other_seeds: dict[int, Truth] = {}
         self._top: tuple[int, float, float] = (0, 0.0, 0.0)  # (outcomes evaluated, best median, best mean): memo
         self.cache = cache
+        # the digest of the code as this process loaded it: taken at save time, a file edited while a long run goes
+        # on would label that run's outcomes with code that did not produce them
+        self.digest = code_digest(landscape)
         self._cached = 0
         if cache is not None and self.cache_file().exists():
             loaded = pickle.loads(self.cache_file().read_bytes())  # noqa: S301 (our own file)
@@ -211,7 +214,7 @@ class Truth:
     def cache_file(self) -> Path:
         assert self.cache is not None
         rate = "" if self.inputs.rate is None else f"-rate{self.inputs.rate:g}"
-        name = f"{self.landscape.key}-{self.inputs.objective}{rate}-seed{self.seed}-{code_digest(self.landscape)}"
+        name = f"{self.landscape.key}-{self.inputs.objective}{rate}-seed{self.seed}-{self.digest}"
         return self.cache / f"{name}.pkl"
 
     def save(self) -> None:
