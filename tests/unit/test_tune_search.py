@@ -25,6 +25,8 @@ from dsctl.core.tune.search import (
     best_trial,
     classify_failure,
     journal_storage,
+    lone_difference,
+    move_evidence,
     refinement_order,
 )
 from dsctl.core.tune.space import resolve_space
@@ -526,6 +528,37 @@ def test_refinement_keeps_climbing_and_tries_every_knob_before_any_twice():
     assert all(index > last_untried for index, k in enumerate(changed) if k == "gpu_memory_utilization")
     # a stable order: the given order breaks ties
     assert refinement_order(incumbent, base, moves, []) == list(moves)
+
+
+def test_refinement_orders_moves_by_what_the_same_move_did_elsewhere():
+    """From a new incumbent the counts start again; what the run saw the same move do at an earlier incumbent
+    orders it: a move that gained goes first, then the ones never seen, then one that changed nothing, then one
+    that lost (bench/tune.py moe-vllm: eager mode and the memory fraction were tried again from every incumbent)."""
+    space = resolve_space("vllm-ascend", npus_per_instance=2)
+    old = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9,
+           "enable_chunked_prefill": True, "enable_prefix_caching": False, "enforce_eager": False,
+           "multistream_overlap_shared_expert": False, "tensor_parallel_size": 2}
+    old = {k: v for k, v in old.items() if k in space.names}
+    earlier = _record(1, old, 40.0)
+    eager = _record(2, {**old, "enforce_eager": True}, 30.0)  # lost
+    memory = _record(3, {**old, "gpu_memory_utilization": 0.8}, 40.0)  # changed nothing
+    prefix_crash = _record(4, {**old, "enable_prefix_caching": True}, None, feasible=False)  # lost: it failed
+    base = {**old, "multistream_overlap_shared_expert": True}
+    incumbent = _record(5, base, 42.0)  # gained: the overlap on
+    measured = [earlier, eager, memory, prefix_crash, incumbent]
+    ordered = refinement_order(incumbent, base, space.neighbours(base), measured)
+    changed = [lone_difference(base, move) for move in ordered]
+    assert changed[-1] == "multistream_overlap_shared_expert"  # off again: the reverse of a gain is a loss
+    losing = {"enforce_eager", "enable_prefix_caching", "multistream_overlap_shared_expert"}
+    flat = [i for i, k in enumerate(changed) if k == "gpu_memory_utilization"]
+    unseen = [i for i, k in enumerate(changed) if k not in losing and k != "gpu_memory_utilization"]
+    assert unseen and max(unseen) < min(flat)
+    assert max(flat) < min(i for i, k in enumerate(changed) if k in losing)
+    # the memory fraction's pair went down; the same verdict holds for a move up (the pair's reverse)
+    assert move_evidence("gpu_memory_utilization", 0.9, 0.95, measured) == 0
+    assert move_evidence("enforce_eager", False, True, measured) == -1
+    assert move_evidence("enforce_eager", True, False, measured) == 1
+    assert move_evidence("max_num_seqs", 128, 160, measured) is None
 
 
 def test_neighbours_are_one_move_on_the_knobs_grid():

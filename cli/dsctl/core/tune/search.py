@@ -37,7 +37,8 @@ throughput at the rate the metrics were measured at (``--rate``, or the highest 
 Refinement: the last ``refine_share`` (a quarter) of the budget goes to a local search around the incumbent: each
 ask is a configuration one knob's move away from it (`SearchSpace.neighbours`: the other boolean, the adjacent
 choice, a step or a factor of 5/4 of a number) that no trial has had, in `refinement_order` (the move that continues
-the incumbent's climb first, then every knob once before any twice; ties in a seeded order), queued with Optuna's
+the incumbent's climb first, then by what the same move did elsewhere in the run, then every knob once before any
+twice; ties in a seeded order), queued with Optuna's
 ``enqueue_trial`` so screens, duplicates and the budget treat it as any other trial; when the incumbent changes the
 search moves with it.  Why: on capacity landscapes the top can be narrow (bench/landscape.py moe-vllm: 10 of 149
 feasible configurations within 5 % of the optimum, along max_num_batched_tokens at tensor parallel 2) and TPE at
@@ -734,28 +735,88 @@ def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Seq
     1. a numeric move that goes on in the direction the incumbent came from: a measured configuration that differs
        from ``base`` in that knob only, is older than the incumbent and worse (the climb's last step;
        compass search's "keep going while it improves");
-    2. then the knobs the fewest measured configurations have moved alone from ``base``: every knob once before
+    2. then by what the run has seen the same move do elsewhere (`move_evidence`: two measured configurations that
+       differ in that knob alone, changed in the move's direction; the latest such pair): a move that gained, then
+       one never seen, then one that changed nothing, then one that lost;
+    3. then the knobs the fewest measured configurations have moved alone from ``base``: every knob once before
        any twice.
 
     Why (bench/tune.py moe-vllm, 8 knobs): in a uniform order over *moves*, gpu_memory_utilization (four moves),
     max_num_seqs and prefix caching, all flat there, took four of a seed's seven refinement restarts, and the move
     that gained most (the shared-expert overlap on, +3 %) was never tried; a move that changed nothing tells that
     the top is flat along that knob here.  Measured over 5 seeds at 25 restarts (three-seed figures): moe-vllm's
-    worst seed 89.4 -> 93.3 % of the optimum (median 95.9 % both), chat-fixed unchanged (99.5 / 96.6 %)."""
+    worst seed 89.4 -> 93.3 % of the optimum (median 95.9 % both), chat-fixed unchanged (99.5 / 96.6 %).  With 2.:
+    once the incumbent moved, its counts (3.) started again from zero and the same flat or losing moves (the
+    memory fraction, eager mode) were tried again from the new incumbent, two of a seed's seven; with it moe-vllm
+    went from 95.5 / 93.5 % (median / worst seed, nine-seed top figures) to 99.2 / 93.5 %, long-fixed (100 / 100 %)
+    and chat-fixed (99.5 / 96.6 %) unchanged."""
     def along(name: str) -> list[TrialRecord]:
         return [r for r in measured if r.number != incumbent.number and name in r.config
-                and [k for k in base if k in r.config and not _same({k: r.config[k]}, {k: base[k]})] == [name]]
+                and lone_difference(base, r.config) == name]
 
-    def key(move: Mapping[str, Any]) -> tuple[int, int]:
-        name = next(k for k in base if not _same({k: move[k]}, {k: base[k]}))
+    def key(move: Mapping[str, Any]) -> tuple[int, int, int]:
+        name = lone_difference(base, move)
+        assert name is not None, "a refinement move changes one knob"
         earlier = along(name)
         value = move[name]
-        continues = isinstance(value, int | float) and not isinstance(value, bool) and any(
+        continues = _numeric(value) and any(
             r.number < incumbent.number and (not r.feasible or (r.objective or 0.0) < (incumbent.objective or 0.0))
             and (value - base[name]) * (base[name] - r.config[name]) > 0 for r in earlier)
-        return (0 if continues else 1, len(earlier))
+        seen = move_evidence(name, base[name], value, measured)
+        rank = {1: 0, None: 1, 0: 2, -1: 3}[seen]
+        return (0 if continues else 1, rank, len(earlier))
 
     return sorted(moves, key=key)
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def lone_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """The one knob in which two configurations differ; None when they differ in none or in several."""
+    differ = [k for k in a if k in b and not _same({k: a[k]}, {k: b[k]})]
+    return differ[0] if len(differ) == 1 else None
+
+
+def _gain(before: TrialRecord, after: TrialRecord) -> int | None:
+    """+1 when ``after`` beats ``before`` beyond the noise (or holds where ``before`` failed), -1 the reverse,
+    0 neither; None when both failed (nothing learnt about the move)."""
+    held_before = before.feasible and before.objective is not None
+    held_after = after.feasible and after.objective is not None
+    if not held_before and not held_after:
+        return None
+    if held_before != held_after:
+        return 1 if held_after else -1
+    if capacity_mod.beats(after.objective, _noise(after), before.objective, _noise(before)):  # type: ignore[arg-type]
+        return 1
+    if capacity_mod.beats(before.objective, _noise(before), after.objective, _noise(after)):  # type: ignore[arg-type]
+        return -1
+    return 0
+
+
+def move_evidence(name: str, start: Any, end: Any, measured: Sequence[TrialRecord]) -> int | None:
+    """What moving ``name`` from ``start`` to ``end`` did elsewhere in the run: `_gain` of the latest pair of
+    measured configurations that differ in ``name`` alone, taken in the move's direction (a number: up or down;
+    otherwise from ``start``'s value to ``end``'s); None when no pair moved it so."""
+    latest: tuple[int, int | None] | None = None
+    for i, first in enumerate(measured):
+        for second in measured[i + 1:]:
+            if lone_difference(first.config, second.config) != name:
+                continue
+            a, b = first.config[name], second.config[name]
+            if _numeric(end) and _numeric(a) and _numeric(b):
+                before, after = (first, second) if (b - a) * (end - start) > 0 else (second, first)
+            elif _same({name: a}, {name: start}) and _same({name: b}, {name: end}):
+                before, after = first, second
+            elif _same({name: b}, {name: start}) and _same({name: a}, {name: end}):
+                before, after = second, first
+            else:
+                continue
+            when = max(first.number, second.number)
+            if latest is None or when > latest[0]:
+                latest = (when, _gain(before, after))
+    return None if latest is None else latest[1]
 
 
 def count(records: Sequence[TrialRecord]) -> dict[str, int]:
