@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.core.perf import perfmodel
-from dsctl.core.tune import quality, slo
+from dsctl.core.tune import capacity, quality
 from dsctl.core.tune.search import CRASHES, Candidate, Failure, Outcome
 from dsctl.services import tune
 
@@ -276,8 +276,10 @@ class Truth:
             return "quality"
         if outcome.failure in CRASHES or (outcome.failure is not None and outcome.failure != Failure.SLO_MISS):
             return "crash"
+        # judged as search.Search judges a trial: the SLO statistics over a window the instance sustained (a rate
+        # search where no rate held reports its closest probe, whose statistics can meet the SLO unsustained)
         if outcome.failure == Failure.SLO_MISS or outcome.metrics is None \
-                or not slo.judge(self.slos, outcome.metrics).met:
+                or not capacity.judge_probe(self.slos, outcome.metrics).met:
             return "slo"
         return None
 

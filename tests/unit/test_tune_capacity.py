@@ -91,6 +91,25 @@ def test_the_ceiling_is_twice_estimates_bound_and_a_search_that_holds_there_says
     assert summary["at_ceiling"] and summary["interval"] == [8.0, None]
 
 
+def test_the_floor_reaches_below_the_fixed_one_where_the_bound_is_low():
+    """Long prompts with long answers: estimate's bound is a fraction of a request per second and the top's
+    capacities straddle the fixed floor; the floor follows the ceiling down, and a search finds a capacity
+    there instead of "even 0.05 req/s misses"."""
+    bound = capacity.throughput_bound(chip="910B3", model="r1-7b", prompt_tokens=32768, output_tokens=512, npus=1)
+    ceiling = capacity.rate_ceiling(bound, fallback=256.0)
+    floor = capacity.rate_floor(ceiling, floor=0.05)
+    assert floor == pytest.approx(ceiling / capacity.FLOOR_SPAN) and floor < 0.05
+    assert capacity.rate_floor(117.6, floor=0.05) == 0.05  # chat lengths: the fixed floor, as before
+
+    def held_below(rate: float) -> dict:  # holds at 0.03 req/s and below
+        return {"completed": 200, "failed": 0, "ttft_ms": {"p99": 100.0 if rate <= 0.03 else 900.0}}
+    slos = parse_slos(["ttft=200ms"])
+    fixed = rate_search.search_rate(held_below, slos, start=0.2, min_rate=0.05, max_rate=ceiling)
+    assert fixed.rate is None and "misses" in fixed.stopped
+    found = rate_search.search_rate(held_below, slos, start=0.2, min_rate=floor, max_rate=ceiling, max_probes=16)
+    assert found.rate is not None and 0.025 < found.rate <= 0.03
+
+
 def test_a_candidate_replaces_the_incumbent_only_beyond_the_noise():
     assert capacity.relative_noise(10.0, 11.0, [9.9, 10.1]) == pytest.approx(0.1)
     assert capacity.relative_noise(10.0, None, [9.0, 11.0]) == pytest.approx(0.2)

@@ -325,7 +325,8 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
                 return {**metrics, "completed": 0}  # the engine died at this rate: it holds nothing there
             return metrics
 
-        found = rate_search.search_rate(probe, slos, start=min(START_RATE, ceiling), min_rate=min(MIN_RATE, ceiling),
+        found = rate_search.search_rate(probe, slos, start=min(START_RATE, ceiling),
+                                        min_rate=capacity.rate_floor(ceiling, floor=MIN_RATE),
                                         max_rate=ceiling, max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE,
                                         repeats=1)
         outcome = rate_search.to_outcome(found)
@@ -419,7 +420,8 @@ def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_
     with dsctl's profile, whatever hardware the evaluations run on (``inputs.hardware``)."""
     inputs = dataclasses.replace(inputs, hardware=None)
     bounds = slo.goodput_bounds_ms(slos)
-    rate = inputs.rate if inputs.rate is not None else MIN_RATE
+    rate = inputs.rate if inputs.rate is not None else capacity.rate_floor(
+        rate_ceiling(inputs, workload, space), floor=MIN_RATE)
     requests = MODEL_REQUESTS if inputs.requests is None else min(inputs.requests, MODEL_REQUESTS)
 
     def predict(candidate: Candidate) -> tuple[str | None, dict | None]:

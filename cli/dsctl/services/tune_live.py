@@ -492,7 +492,7 @@ class LiveTune:
         prune = None if baseline or self.inputs.objective != "capacity" else (
             lambda: None if self.incumbent is None else self.incumbent.rate)
         found = rate_search.search_rate(one, self.plan.slos, start=min(START_RATE, ceiling),
-                                        min_rate=min(MIN_RATE, ceiling), max_rate=ceiling,
+                                        min_rate=capacity.rate_floor(ceiling, floor=MIN_RATE), max_rate=ceiling,
                                         max_probes=RATE_PROBES, rel_tol=RATE_TOLERANCE, repeats=1, prune_at=prune)
         outcome = rate_search.to_outcome(found)
         if crashed and found.rate is None:

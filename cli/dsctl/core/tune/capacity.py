@@ -42,6 +42,12 @@ Ceiling (`rate_ceiling`).  The rate search's upper end is `CEILING_FACTOR` (2) x
 (requests/s of a full batch on the roofline, for the workload's shortest requests).  A trial whose search held
 at the ceiling reports "≥ ceiling (not measured above)", never a measured capacity.
 
+Floor (`rate_floor`).  The lower end is the engine's fixed floor (simulated 0.05 req/s, live 0.1) or the ceiling /
+`FLOOR_SPAN` (32: a sixteenth of the throughput bound), whichever is lower.  Why: on 32K-64K prompts with 512-1024-
+token answers (bench/landscape.py long-fixed) the bound is 0.19 req/s and the best configurations sustain 0.04-0.06
+under the SLO; with the fixed floor their capacity straddled it, and a draw that held only below it ended "even
+0.05 req/s misses the SLO": the top configuration of that landscape failed at two of nine workload seeds.
+
 Noise (`relative_noise`, `beats`).  A capacity verdict's noise is the larger of the search's resolution (the
 bracket ``highest held .. lowest missed``, relative) and the spread of the repeats at the winning rate (their
 achieved throughput, (max - min) / mean).  A candidate replaces the incumbent only when its capacity exceeds the
@@ -72,6 +78,7 @@ MAX_WINDOW_S = 3600.0  # --window's bound: an hour of (virtual or modelled) time
 THROUGHPUT_SLACK = 0.05  # achieved within 5 % of offered
 GROWTH_FACTOR, GROWTH_SLACK_REQUESTS = 1.25, 2.0  # second half's mean in flight <= 1.25 x first + 2 + 2 sqrt(first)
 CEILING_FACTOR = 2.0
+FLOOR_SPAN = 32.0  # the rate search's floor reaches down to ceiling / FLOOR_SPAN (see "Floor")
 STEADY = "steady_state"  # the key of a probe's sustained verdict in its metrics
 
 
@@ -311,6 +318,11 @@ def throughput_bound(*, chip: str, model: str, prompt_tokens: int, output_tokens
     full = estimate.estimate(chip, model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, chips=npus,
                              concurrency=min(first.max_concurrency, limits.MAX_CONCURRENCY), **layout)
     return full.output_tokens_per_s / output_tokens
+
+
+def rate_floor(ceiling: float, *, floor: float, span: float = FLOOR_SPAN) -> float:
+    """The rate search's lower end: ``floor``, or ``ceiling / span`` when that is lower (see "Floor")."""
+    return min(floor, ceiling / span)
 
 
 def rate_ceiling(bound: float | None, *, fallback: float, factor: float = CEILING_FACTOR) -> float:
