@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.core.tune.rate_search import search_rate
-from dsctl.core.tune.slo import parse_slos
+from dsctl.core.tune.rate_search import search_rate, to_outcome
+from dsctl.core.tune.slo import judge, parse_slos
 
 SLOS = parse_slos(["ttft=200ms"])
 
@@ -83,6 +83,23 @@ def test_nothing_holds_and_max_rate_holds():
     always = search_rate(lambda r: {"completed": 10, "failed": 0, "ttft_ms": {"p99": 20.0}}, SLOS,
                          start=2.0, min_rate=0.5, max_rate=10.0, max_probes=6)
     assert always.rate == 10.0 and always.lowest_missing is None and "holds" in always.stopped
+
+
+def test_a_rate_whose_repeat_missed_is_not_reported_through_the_closest_probe():
+    """The floor held once by luck, its repeat missed, nothing else held: no rate held, and the probe the outcome
+    carries is a miss (the held one made the trial feasible at a rate that did not hold)."""
+    luck = {"left": 1}
+
+    def lucky_once(rate: float) -> dict:
+        held = luck["left"] > 0
+        luck["left"] = 0
+        return {"completed": 100, "failed": 0, "ttft_ms": {"p99": 150.0 if held else 260.0}}
+
+    result = search_rate(lucky_once, SLOS, start=0.5, min_rate=0.5, max_rate=10.0, max_probes=6)
+    assert result.rate is None and any(p.met for p in result.probes)
+    assert not result.closest.met
+    outcome = to_outcome(result)
+    assert not judge(SLOS, outcome.metrics).met
 
 
 def test_bad_bounds_are_refused():

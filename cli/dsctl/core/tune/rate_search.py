@@ -101,8 +101,12 @@ class RateSearchResult:
 
     @property
     def closest(self) -> RateProbe | None:
-        """With no rate holding: the probe nearest to the SLO (for "the binding constraint" in the report)."""
-        return min(self.probes, key=lambda p: p.margin) if self.probes else None
+        """With no rate holding: the missed probe nearest to the SLO (for "the binding constraint" in the report).
+        Only a miss: a probe that held where its repeat missed (no rate held) would hand the search metrics that meet
+        the SLO, and the trial would count as feasible at a rate that did not hold (seen on a long-context vllm-ascend
+        landscape, bench/landscape.py)."""
+        missed = [p for p in self.probes if not p.met]
+        return min(missed or self.probes, key=lambda p: p.margin) if self.probes else None
 
 
 def capacity_summary(result: RateSearchResult) -> dict[str, Any]:
