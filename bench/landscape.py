@@ -4,7 +4,7 @@ spaces, with the ground truth running on other hardware figures than the screens
 A landscape is a model, an instance, a workload, an SLO and a tune space (the engine's default space of
 cli/dsctl/data/tune_spaces.yaml, unpinned: the searches in bench/tune.py sample all of it).  Its figure per
 configuration is what `dsctl tune --simulate` measures: by default the capacity (the highest offered rate the
-instance sustains while meeting the SLO), or with ``--rate`` the goodput at that load.  Four landscapes:
+instance sustains while meeting the SLO), or with ``--rate`` the goodput at that load.  Five landscapes:
 
 * chat-fixed: DeepSeek-R1-Distill-Qwen-7B on one 910B3, the fixed-batch engine (batch size per stream, stream
   count, KV sparsity), chat lengths (prompts 64-1024, outputs 16-192), TPOT p90 <= 60 ms;
@@ -15,7 +15,13 @@ instance sustains while meeting the SLO), or with ``--rate`` the goodput at that
   where KV memory binds and decode reads the long context, so sparsity lets more sequences in and saves reads,
   TPOT p90 <= 120 ms (with outputs of 128-512 prefill bound everything and the best threshold was 0);
 * moe-vllm: DeepSeek-V2-Lite (MoE with MLA and shared experts) on a 2-NPU vllm-ascend instance (tensor x data
-  parallel, the shared-expert overlap stream), prompts 64-2048, TPOT p90 <= 50 ms.
+  parallel, the shared-expert overlap stream), prompts 64-2048, TPOT p90 <= 50 ms;
+* long-vllm: long-fixed's workload on vllm-ascend, TPOT p90 <= 100 ms and TTFT p90 <= 20 s (a long document's
+  answer read as it streams, its first token within 20 s; at the lowest load the TTFT p90 is already ~12 s): the
+  KV cache holds a handful of 64K contexts, so gpu_memory_utilization sets how many run at once; the prefill chunk
+  (max_num_batched_tokens) trades the decode steps it stalls (TPOT) against the prefill's pace (TTFT).  Without
+  chunked prefill vLLM refuses a max_num_batched_tokens below max_model_len, and the space's reach 32768: the
+  table enumerates chunked prefill on only (the searches still sample off, and crash there).
 
 The ground truth's hardware is not the model's (``MODEL_ERROR``, stated below): prefill compute and decode
 bandwidth 10 % and 8 % below dsctl's profile, per-step and per-sequence host overhead 40 % above.  The screens
@@ -60,7 +66,7 @@ table, the searches' extra ones, the other seeds) in DIR, keyed by the landscape
 digest of what produced them (`TRUTH_CODE`, the landscape's definition, the truth's hardware), so a rerun of the
 same code reads them back and a change to it starts afresh.
 
-Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm] [--rate R]
+Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm,long-vllm] [--rate R]
                                            [--cache DIR]
 """
 
@@ -120,13 +126,14 @@ class Landscape:
     prompts: str
     outputs: str
     max_model_len: int
-    slo: str
+    slo: str | tuple[str, ...]  # one SLO, or several that must all hold
     grid: Mapping[str, tuple[Any, ...]]  # the values per knob the table enumerates (other knobs: the space's)
     chip: str = "910B3"
 
     def inputs(self, *, objective: str = "capacity", rate: float | None = None, seed: int = 0,
                truth: bool = True) -> tune.TuneInputs:
-        return tune.TuneInputs(model=self.model, chip=self.chip, slos=(self.slo,), run_dir=Path("."),
+        slos = (self.slo,) if isinstance(self.slo, str) else self.slo
+        return tune.TuneInputs(model=self.model, chip=self.chip, slos=slos, run_dir=Path("."),
                                engine=self.engine, prompt_tokens=self.prompts, output_tokens=self.outputs,
                                max_model_len=self.max_model_len, npus_per_instance=self.npus, seed=seed,
                                objective=objective, rate=rate, hardware=truth_hardware() if truth else None)
@@ -156,6 +163,10 @@ LANDSCAPES = {
                                             "max_num_batched_tokens": (1024, 4096, 16384),
                                             "multistream_overlap_shared_expert": (False, True),
                                             "tensor_parallel_size": (1, 2)}),
+    "long-vllm": Landscape("long-vllm", "vllm-ascend, 7B on 32K-64K prompts, tpot p90 <= 100 ms, ttft p90 <= 20 s",
+                           "vllm-ascend", "deepseek-r1-distill-qwen-7b", 1, "uniform:32768:64512", "uniform:512:1024",
+                           65536, ("tpot:p90=100ms", "ttft:p90=20s"),
+                           {**_VLLM, "max_num_seqs": (8, 16, 32, 64), "enable_chunked_prefill": (True,)}),
 }
 
 
