@@ -506,15 +506,20 @@ def _record(number: int, config: dict, objective: float | None, *, feasible: boo
                        feasible=feasible, objective=objective)
 
 
-def test_refinement_keeps_climbing_and_tries_every_knob_before_any_twice():
-    """The move that continues the incumbent's last climb goes first; then knobs by how often a measured trial
-    moved them alone from the incumbent (gpu_memory_utilization has four moves, the overlap one: uniform over
-    moves, the flat knob took most of a seed's refinement on bench/tune.py moe-vllm)."""
+def _vllm_space_and_base() -> tuple:
+    """The vllm-ascend space of a 2-NPU instance and a configuration in it (the refinement-order tests' ground)."""
     space = resolve_space("vllm-ascend", npus_per_instance=2)
     base = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9,
             "enable_chunked_prefill": True, "enable_prefix_caching": False, "enforce_eager": False,
             "multistream_overlap_shared_expert": False, "tensor_parallel_size": 2}
-    base = {k: v for k, v in base.items() if k in space.names}
+    return space, {k: v for k, v in base.items() if k in space.names}
+
+
+def test_refinement_keeps_climbing_and_tries_every_knob_before_any_twice():
+    """The move that continues the incumbent's last climb goes first; then knobs by how often a measured trial
+    moved them alone from the incumbent (gpu_memory_utilization has four moves, the overlap one: uniform over
+    moves, the flat knob took most of a seed's refinement on bench/tune.py moe-vllm)."""
+    space, base = _vllm_space_and_base()
     incumbent = _record(5, base, 40.0)
     came_from = _record(3, {**base, "max_num_batched_tokens": 1638}, 36.0)  # the climb's last step: up in tokens
     flat = _record(6, {**base, "gpu_memory_utilization": 0.91}, 40.0)  # a move that changed nothing
@@ -534,11 +539,7 @@ def test_refinement_orders_moves_by_what_the_same_move_did_elsewhere():
     """From a new incumbent the counts start again; what the run saw the same move do at an earlier incumbent
     orders it: a move that gained goes first, then the ones never seen, then one that changed nothing, then one
     that lost (bench/tune.py moe-vllm: eager mode and the memory fraction were tried again from every incumbent)."""
-    space = resolve_space("vllm-ascend", npus_per_instance=2)
-    old = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9,
-           "enable_chunked_prefill": True, "enable_prefix_caching": False, "enforce_eager": False,
-           "multistream_overlap_shared_expert": False, "tensor_parallel_size": 2}
-    old = {k: v for k, v in old.items() if k in space.names}
+    space, old = _vllm_space_and_base()
     earlier = _record(1, old, 40.0)
     eager = _record(2, {**old, "enforce_eager": True}, 30.0)  # lost
     memory = _record(3, {**old, "gpu_memory_utilization": 0.8}, 40.0)  # changed nothing
