@@ -7,6 +7,7 @@ never the landscape's own numbers."""
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from dsctl.core.tune.search import (
     journal_storage,
     lone_difference,
     move_evidence,
+    one_knob_pairs,
     refinement_order,
 )
 from dsctl.core.tune.space import resolve_space
@@ -556,10 +558,27 @@ def test_refinement_orders_moves_by_what_the_same_move_did_elsewhere():
     assert unseen and max(unseen) < min(flat)
     assert max(flat) < min(i for i, k in enumerate(changed) if k in losing)
     # the memory fraction's pair went down; the same verdict holds for a move up (the pair's reverse)
-    assert move_evidence("gpu_memory_utilization", 0.9, 0.95, measured) == 0
-    assert move_evidence("enforce_eager", False, True, measured) == -1
-    assert move_evidence("enforce_eager", True, False, measured) == 1
-    assert move_evidence("max_num_seqs", 128, 160, measured) is None
+    pairs = one_knob_pairs(measured)
+    assert move_evidence("gpu_memory_utilization", 0.9, 0.95, pairs) == 0
+    assert move_evidence("enforce_eager", False, True, pairs) == -1
+    assert move_evidence("enforce_eager", True, False, pairs) == 1
+    assert move_evidence("max_num_seqs", 128, 160, pairs) is None
+
+
+def test_one_knob_pairs_are_every_pair_that_differs_in_one_knob_alone():
+    """Grouped by the rest of the configuration (trials x knobs, not all pairs per move), the pairs are exactly
+    those the definition names: a scan over every pair with `lone_difference`."""
+    rng = random.Random(7)
+    axes = {"a": [1, 2, 3], "b": [0.1, 0.2], "c": [True, False], "d": ["x", "y"]}
+    measured = [_record(n, {k: rng.choice(v) for k, v in axes.items()}, float(rng.randint(1, 9)))
+                for n in range(60)]
+    grouped = {name: sorted(p for p, _, _ in found) for name, found in one_knob_pairs(measured).items()}
+    every: dict[str, list] = {}
+    for i, first in enumerate(measured):
+        for j in range(i + 1, len(measured)):
+            if (name := lone_difference(first.config, measured[j].config)) is not None:
+                every.setdefault(name, []).append((i, j))
+    assert grouped == every and set(every) == set(axes)
 
 
 def test_neighbours_are_one_move_on_the_knobs_grid():

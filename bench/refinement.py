@@ -1,0 +1,91 @@
+"""What ordering one refinement ask's moves costs as a tune's measured trials grow (`search.refinement_order`).
+
+`refinement_order` runs once per refinement ask and needs, per move, the latest pair of measured configurations that
+differ in that knob alone.  It groups the one-knob pairs once per call (`search.one_knob_pairs`: trials x knobs);
+the baseline measured in the same run is the scan it replaced, every pair of trials compared per move.  A walk of
+single-knob moves over the vllm-ascend space stands in for a long tune's history (`--budget 1000`).
+
+    PYTHONPATH=cli python bench/refinement.py [--trials 100,400,1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dsctl.core.tune import search
+from dsctl.core.tune.pareto import TrialRecord
+from dsctl.core.tune.space import resolve_space
+
+BASE = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9,
+        "enable_chunked_prefill": True, "enable_prefix_caching": False, "enforce_eager": False,
+        "multistream_overlap_shared_expert": False, "tensor_parallel_size": 2}
+
+
+def history(trials: int, seed: int = 3) -> list[TrialRecord]:
+    """Measured trials of a walk of one knob's moves, restarting now and then from an earlier trial; a configuration
+    already measured is not measured again (the search settles a duplicate without evaluating it)."""
+    space = resolve_space("vllm-ascend", npus_per_instance=2)
+    base = {k: v for k, v in BASE.items() if k in space.names}
+    rng = random.Random(seed)
+    records: list[TrialRecord] = []
+    seen: set[tuple] = set()
+    current = base
+    for _ in range(100 * trials):  # bounded: the space has far more configurations than any trials asked for
+        if len(records) == trials:
+            break
+        key = tuple(sorted(current.items()))
+        if key not in seen:
+            seen.add(key)
+            records.append(TrialRecord(number=len(records), controller="c", config=dict(current), params={},
+                                       fields={}, evaluated=True, feasible=True, objective=rng.random()))
+        current = rng.choice(space.neighbours(current)) if rng.random() < 0.8 else rng.choice(records).config
+    return records
+
+
+def all_pairs(measured: Sequence[TrialRecord], name: str) -> list[tuple[tuple[int, int], TrialRecord, TrialRecord]]:
+    """The baseline: every pair of trials compared, for one move's knob."""
+    return [((i, j), first, measured[j]) for i, first in enumerate(measured) for j in range(i + 1, len(measured))
+            if search.lone_difference(first.config, measured[j].config) == name]
+
+
+def baseline_order(incumbent: TrialRecord, moves: Sequence[Mapping[str, Any]],
+                   measured: Sequence[TrialRecord]) -> list[int | None]:
+    """Each move's evidence found by the all-pairs scan (what `refinement_order` did per move before grouping)."""
+    base = incumbent.config
+    verdicts = []
+    for move in moves:
+        name = search.lone_difference(base, move)
+        assert name is not None
+        verdicts.append(search.move_evidence(name, base[name], move[name], {name: all_pairs(measured, name)}))
+    return verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", default="100,400,1000")
+    args = parser.parse_args(argv)
+    print(f"{'trials':>7} {'moves':>6} {'grouped s':>10} {'all-pairs s':>12} {'ratio':>7}")
+    for trials in (int(n) for n in args.trials.split(",")):
+        measured = history(trials)
+        incumbent = measured[-1]
+        moves = resolve_space("vllm-ascend", npus_per_instance=2).neighbours(incumbent.config)
+        began = time.perf_counter()
+        pairs = search.one_knob_pairs(measured)
+        grouped = [search.move_evidence(n, incumbent.config[n], m[n], pairs)
+                   for m in moves if (n := search.lone_difference(incumbent.config, m)) is not None]
+        search.refinement_order(incumbent, incumbent.config, moves, measured)
+        fast = time.perf_counter() - began
+        began = time.perf_counter()
+        slow_verdicts = baseline_order(incumbent, moves, measured)
+        slow = time.perf_counter() - began
+        assert grouped == slow_verdicts, "the grouped pairs and the all-pairs scan disagree"
+        print(f"{trials:>7} {len(moves):>6} {fast:>10.3f} {slow:>12.3f} {slow / fast:>6.0f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
