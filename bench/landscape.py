@@ -4,7 +4,7 @@ spaces, with the ground truth running on other hardware figures than the screens
 A landscape is a model, an instance, a workload, an SLO and a tune space (the engine's default space of
 cli/dsctl/data/tune_spaces.yaml, unpinned: the searches in bench/tune.py sample all of it).  Its figure per
 configuration is what `dsctl tune --simulate` measures: by default the capacity (the highest offered rate the
-instance sustains while meeting the SLO), or with ``--rate`` the goodput at that load.  Five landscapes:
+instance sustains while meeting the SLO), or with ``--rate`` the goodput at that load.  Six landscapes:
 
 * chat-fixed: DeepSeek-R1-Distill-Qwen-7B on one 910B3, the fixed-batch engine (batch size per stream, stream
   count, KV sparsity), chat lengths (prompts 64-1024, outputs 16-192), TPOT p90 <= 60 ms;
@@ -21,7 +21,11 @@ instance sustains while meeting the SLO), or with ``--rate`` the goodput at that
   KV cache holds a handful of 64K contexts, so gpu_memory_utilization sets how many run at once; the prefill chunk
   (max_num_batched_tokens) trades the decode steps it stalls (TPOT) against the prefill's pace (TTFT).  Without
   chunked prefill vLLM refuses a max_num_batched_tokens below max_model_len, and the space's reach 32768: the
-  table enumerates chunked prefill on only (the searches still sample off, and crash there).
+  table enumerates chunked prefill on only (the searches still sample off, and crash there);
+* moe-long: moe-vllm's model and instance on long documents (prompts 8K-32K, answers 256-1024), TPOT p90 <= 50 ms
+  and TTFT p90 <= 10 s: a prefill chunk too small misses the TTFT, one too large stalls the decodes past the TPOT
+  (at max_num_seqs 64, tensor parallel 2: 512 tokens 0.50 req/s, 1024 1.06, 2048 0.48), and tensor parallel,
+  the shared-expert overlap, eager mode and max_num_seqs move it by 4-40 %.
 
 The ground truth's hardware is not the model's (``MODEL_ERROR``, stated below): prefill compute and decode
 bandwidth 10 % and 8 % below dsctl's profile, per-step and per-sequence host overhead 40 % above.  The screens
@@ -66,8 +70,8 @@ table, the searches' extra ones, the other seeds) in DIR, keyed by the landscape
 digest of what produced them (`TRUTH_CODE`, the landscape's definition, the truth's hardware), so a rerun of the
 same code reads them back and a change to it starts afresh.
 
-Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm,long-vllm] [--rate R]
-                                           [--cache DIR]
+Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm,long-vllm,moe-long]
+                                           [--rate R] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -167,6 +171,13 @@ LANDSCAPES = {
                            "vllm-ascend", "deepseek-r1-distill-qwen-7b", 1, "uniform:32768:64512", "uniform:512:1024",
                            65536, ("tpot:p90=100ms", "ttft:p90=20s"),
                            {**_VLLM, "max_num_seqs": (8, 16, 32, 64), "enable_chunked_prefill": (True,)}),
+    "moe-long": Landscape("moe-long", "vllm-ascend, DeepSeek-V2-Lite (MoE) on 2 NPUs, 8K-32K prompts, "
+                          "tpot p90 <= 50 ms, ttft p90 <= 10 s", "vllm-ascend", "deepseek-v2-lite", 2,
+                          "uniform:8192:32768", "uniform:256:1024", 40960, ("tpot:p90=50ms", "ttft:p90=10s"),
+                          {**_VLLM, "max_num_seqs": (16, 64, 256),
+                           "max_num_batched_tokens": (512, 1024, 2048, 4096, 16384),
+                           "enable_chunked_prefill": (True,), "enforce_eager": (False,),
+                           "multistream_overlap_shared_expert": (False, True), "tensor_parallel_size": (1, 2)}),
 }
 
 

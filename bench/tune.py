@@ -123,17 +123,30 @@ def percent(value: float, optimum: float) -> float:
     return 100.0 * value / optimum if optimum > 0 else 0.0
 
 
-def report(truth: Truth, name: str, runs: list[Run], optimum: float) -> dict[str, Any]:
+def checkpoints(restarts: int) -> tuple[int, ...]:
+    """The CHECKPOINTS a run of ``restarts`` reaches (a run of 25 says nothing about 50), else ``restarts`` alone."""
+    return tuple(n for n in CHECKPOINTS if n <= restarts) or (restarts,)
+
+
+def summary_point(restarts: int) -> int:
+    """The checkpoint the summary and the failed-restart share are read at: issue 21's 25, or the last one a shorter
+    run reaches."""
+    reached = checkpoints(restarts)
+    return max((n for n in reached if n <= 25), default=reached[0])
+
+
+def report(truth: Truth, name: str, runs: list[Run], optimum: float, restarts: int) -> dict[str, Any]:
     row: dict[str, Any] = {"method": name}
     parts = []
-    for n in CHECKPOINTS:
+    for n in checkpoints(restarts):
         shares = [percent(r.best_at(truth, n), optimum) for r in runs]
         row[n] = (statistics.median(shares), min(shares))
         parts.append(f"{n:2d}: {row[n][0]:5.1f} % (worst {row[n][1]:5.1f} %)")
-    bad = statistics.median(100.0 * r.bad_at(25) for r in runs)
+    at = summary_point(restarts)
+    bad = statistics.median(100.0 * r.bad_at(at) for r in runs)
     row["bad"] = bad
     consulted = statistics.median(r.consulted for r in runs)
-    print(f"  {name:13s} {'; '.join(parts)}; failed restarts at 25: {bad:4.1f} %"
+    print(f"  {name:13s} {'; '.join(parts)}; failed restarts at {at}: {bad:4.1f} %"
           + (f"; model screen consulted {consulted:g}" if consulted else ""))
     return row
 
@@ -150,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     objective = "capacity" if args.rate is None else "goodput"
     print(f"ground truth hardware vs dsctl's profile: {', '.join(f'{k} x{v:g}' for k, v in MODEL_ERROR.items())}; "
-          f"{args.restarts} restarts per run, {args.seeds} seeds, figures at {', '.join(map(str, CHECKPOINTS))} "
+          f"{args.restarts} restarts per run, {args.seeds} seeds, "
+          f"figures at {', '.join(map(str, checkpoints(args.restarts)))} "
           "restarts: median % of the optimum (worst seed)")
     summary: list[tuple[str, Mapping[str, Any]]] = []
     for key in args.landscapes.split(","):
@@ -172,12 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         optimum, _ = truth.optimum()  # the searches may have found better than the table
         if optimum > facts["optimum"]:
             print(f"  (a search found {optimum:.3g}, above the table's optimum: the figures are against it)")
-        rows = {m: report(truth, m, r, optimum) for m, r in runs.items()}
+        rows = {m: report(truth, m, r, optimum, args.restarts) for m, r in runs.items()}
         truth.save()
         summary.append((key, rows))
-    print("\nsummary at 25 restarts (median % of the optimum / worst seed / failed restarts):")
+    at = summary_point(args.restarts)
+    print(f"\nsummary at {at} restarts (median % of the optimum / worst seed / failed restarts):")
     for key, rows in summary:
-        cells = ", ".join(f"{m} {r[25][0]:.0f}/{r[25][1]:.0f}/{r['bad']:.0f}" for m, r in rows.items())
+        cells = ", ".join(f"{m} {r[at][0]:.0f}/{r[at][1]:.0f}/{r['bad']:.0f}" for m, r in rows.items())
         print(f"  {key}: {cells}")
     return 0
 
