@@ -581,6 +581,20 @@ def test_one_knob_pairs_are_every_pair_that_differs_in_one_knob_alone():
     assert grouped == every and set(every) == set(axes)
 
 
+def test_one_knob_pairs_and_lone_difference_share_one_equality():
+    """0.1 + 0.2 and 0.3 (and 1 and 1.0) are one value to both; a bool is never a number; a configuration that
+    leaves a knob unset pairs with none (the grouping and `lone_difference` once disagreed at these edges)."""
+    measured = [_record(0, {"a": 0.3, "b": 1, "c": True}, 1.0),
+                _record(1, {"a": 0.1 + 0.2, "b": 2, "c": True}, 2.0),
+                _record(2, {"a": 0.3, "b": 1.0, "c": 1}, 3.0),
+                _record(3, {"a": 0.3, "c": True}, 4.0)]
+    assert lone_difference(measured[0].config, measured[1].config) == "b"
+    assert lone_difference(measured[0].config, measured[2].config) == "c"
+    assert lone_difference(measured[0].config, measured[3].config) is None
+    assert {name: [p for p, _, _ in found] for name, found in one_knob_pairs(measured).items()} == {
+        "b": [(0, 1)], "c": [(0, 2)]}
+
+
 def test_neighbours_are_one_move_on_the_knobs_grid():
     space = resolve_space("fixed-batch")
     assert space.knob("batch_size").neighbours(40) == (50, 32, 41, 39)

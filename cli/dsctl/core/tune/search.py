@@ -316,17 +316,21 @@ def _fingerprint(space: SearchSpace, slos: Sequence[slo_mod.Slo], objective: str
     return json.dumps(body, sort_keys=True, default=str)
 
 
+def _comparable(value: Any) -> Any:
+    """A knob's value as the search compares it: numbers to 9 decimal places (a float knob's grid steps are
+    coarser; 0.1 + 0.2 and 0.3 are one value), a bool never equal to a number.  One definition for `_same` and
+    the grouping key of `one_knob_pairs`, so a pair the groups form is a pair `lone_difference` names."""
+    if isinstance(value, bool):
+        return (bool, value)
+    if isinstance(value, float) and math.isfinite(value):
+        return (float, round(value, 9))
+    if isinstance(value, int):
+        return (float, round(float(value), 9)) if abs(value) < 2 ** 53 else (int, value)
+    return (type(value).__name__, value)
+
+
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for key, value in a.items():
-        other = b[key]
-        if isinstance(value, float) or isinstance(other, float):
-            if isinstance(value, bool) or isinstance(other, bool) or not math.isclose(value, other, abs_tol=1e-9):
-                return False
-        elif value != other:
-            return False
-    return True
+    return a.keys() == b.keys() and all(_comparable(value) == _comparable(b[key]) for key, value in a.items())
 
 
 # --------------------------------------------------------------------------- the driver
@@ -775,8 +779,11 @@ def _numeric(value: Any) -> bool:
 
 
 def lone_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
-    """The one knob in which two configurations differ; None when they differ in none or in several."""
-    differ = [k for k in a if k in b and not _same({k: a[k]}, {k: b[k]})]
+    """The one knob in which two configurations differ; None when they differ in none or in several, or do not
+    set the same knobs (a knob one of them leaves unset is no value to move from)."""
+    if a.keys() != b.keys():
+        return None
+    differ = [k for k in a if not _same({k: a[k]}, {k: b[k]})]
     return differ[0] if len(differ) == 1 else None
 
 
@@ -794,11 +801,6 @@ def _gain(before: TrialRecord, after: TrialRecord) -> int | None:
     if capacity_mod.beats(before.objective, _noise(before), after.objective, _noise(after)):  # type: ignore[arg-type]
         return -1
     return 0
-
-
-def _comparable(value: Any) -> Any:
-    """A value as a grouping key: floats to the precision `_same` compares them at."""
-    return round(value, 9) if isinstance(value, float) else value
 
 
 Pairs = Mapping[str, Sequence[tuple[tuple[int, int], TrialRecord, TrialRecord]]]
