@@ -526,15 +526,15 @@ def test_refinement_keeps_climbing_and_tries_every_knob_before_any_twice():
     came_from = _record(3, {**base, "max_num_batched_tokens": 1638}, 36.0)  # the climb's last step: up in tokens
     flat = _record(6, {**base, "gpu_memory_utilization": 0.91}, 40.0)  # a move that changed nothing
     moves = space.neighbours(base)
-    ordered = refinement_order(incumbent, base, moves, [came_from, incumbent, flat])
+    ordered = refinement_order(incumbent, base, moves, [came_from, incumbent, flat], space.moved_knob)
     assert ordered[0]["max_num_batched_tokens"] == 2560  # up again, before anything else
-    changed = [next(k for k in base if move[k] != base[k]) for move in ordered]
+    changed = [space.moved_knob(base, move) for move in ordered]
     untried = [k for k in space.names if k not in ("gpu_memory_utilization", "max_num_batched_tokens")]
     # every knob no trial has moved alone comes before the flat knob's other moves
     last_untried = max(changed.index(k) for k in untried if k in changed)
     assert all(index > last_untried for index, k in enumerate(changed) if k == "gpu_memory_utilization")
     # a stable order: the given order breaks ties
-    assert refinement_order(incumbent, base, moves, []) == list(moves)
+    assert refinement_order(incumbent, base, moves, [], space.moved_knob) == list(moves)
 
 
 def test_refinement_orders_moves_by_what_the_same_move_did_elsewhere():
@@ -549,8 +549,8 @@ def test_refinement_orders_moves_by_what_the_same_move_did_elsewhere():
     base = {**old, "multistream_overlap_shared_expert": True}
     incumbent = _record(5, base, 42.0)  # gained: the overlap on
     measured = [earlier, eager, memory, prefix_crash, incumbent]
-    ordered = refinement_order(incumbent, base, space.neighbours(base), measured)
-    changed = [lone_difference(base, move) for move in ordered]
+    ordered = refinement_order(incumbent, base, space.neighbours(base), measured, space.moved_knob)
+    changed = [space.moved_knob(base, move) for move in ordered]
     assert changed[-1] == "multistream_overlap_shared_expert"  # off again: the reverse of a gain is a loss
     losing = {"enforce_eager", "enable_prefix_caching", "multistream_overlap_shared_expert"}
     flat = [i for i, k in enumerate(changed) if k == "gpu_memory_utilization"]
@@ -563,6 +563,26 @@ def test_refinement_orders_moves_by_what_the_same_move_did_elsewhere():
     assert move_evidence("enforce_eager", False, True, pairs) == -1
     assert move_evidence("enforce_eager", True, False, pairs) == 1
     assert move_evidence("max_num_seqs", 128, 160, pairs) is None
+
+
+def test_refinement_tries_unseen_switches_before_unseen_numbers():
+    """Among moves the run has no evidence on, the booleans and the TP layout go before the numeric knobs' many
+    moves (moe-long: seeds that spent the refinement on max_num_seqs and the memory fraction never reached the
+    overlap or TP 1, where the top is); a move seen to gain still goes first, and without ``switches`` the order is
+    the evidence and the counts alone."""
+    space, base = _vllm_space_and_base()
+    incumbent = _record(5, base, 40.0)
+    worse_seqs = _record(3, {**base, "max_num_seqs": 102}, 30.0)  # max_num_seqs up from 102 gained: up goes first
+    measured = [worse_seqs, incumbent]
+    switches = [k.name for k in space.knobs if k.kind in ("bool", "categorical")]
+    ordered = refinement_order(incumbent, base, space.neighbours(base), measured, space.moved_knob, switches)
+    changed = [space.moved_knob(base, move) for move in ordered]
+    assert ordered[0]["max_num_seqs"] == 160
+    numbers = [i for i, k in enumerate(changed) if k not in switches and i > 0]
+    assert max(i for i, k in enumerate(changed) if k in switches) < min(numbers)
+    assert set(changed[1:1 + len(switches)]) == set(switches)
+    plain = refinement_order(incumbent, base, space.neighbours(base), measured, space.moved_knob)
+    assert [space.moved_knob(base, m) for m in plain][1] == "max_num_batched_tokens"  # the given (space) order
 
 
 def test_one_knob_pairs_are_every_pair_that_differs_in_one_knob_alone():

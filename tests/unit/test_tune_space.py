@@ -189,3 +189,27 @@ def test_stream_num_one_is_rendered_as_an_explicit_flag():
     params = space.params({"batch_size": 4, "stream_num": 1, "kv_sparse_threshold": 0.0})
     service.check_params("lab-engine", params)  # the registry's rules hold (stream_num <= max_num_seqs)
     assert params["stream_num"] == 1 and params["max_num_seqs"] == 4
+
+
+def test_a_tensor_parallel_move_keeps_each_npus_share_of_a_step():
+    """A layout move scales the per-rank step budget (max_num_batched_tokens) by the new TP degree over the old,
+    on the knob's grid and within its range; `moved_knob` names such a move by its parallel knob, and nothing
+    else that changes two knobs."""
+    space = resolve_space("vllm-ascend", npus_per_instance=8)
+    base = {"max_num_seqs": 128, "max_num_batched_tokens": 1418, "gpu_memory_utilization": 0.9,
+            "enable_chunked_prefill": True, "enable_prefix_caching": False, "enforce_eager": False,
+            "multistream_overlap_shared_expert": False, "tensor_parallel_size": 2}
+    base = {k: v for k, v in base.items() if k in space.names}
+    layout = [m for m in space.neighbours(base) if m["tensor_parallel_size"] != 2]
+    assert [(m["tensor_parallel_size"], m["max_num_batched_tokens"]) for m in layout] == [(1, 709), (4, 2836)]
+    assert all(m["max_num_seqs"] == 128 for m in layout)  # a cap, not a step's work: it stays
+    assert all(space.moved_knob(base, m) == "tensor_parallel_size" for m in layout)
+    assert space.moved_knob(base, {**base, "max_num_batched_tokens": 709}) == "max_num_batched_tokens"
+    assert space.moved_knob(base, {**base, "tensor_parallel_size": 1, "max_num_batched_tokens": 800}) is None
+    assert space.moved_knob(base, {**base, "tensor_parallel_size": 1, "max_num_seqs": 64}) is None
+    low = {**base, "max_num_batched_tokens": 600}  # 300 is below the knob's range: the move stops at its low end
+    assert [m["max_num_batched_tokens"] for m in space.neighbours(low) if m["tensor_parallel_size"] == 1] == [512]
+    assert space.moved_knob(low, {**low, "tensor_parallel_size": 1, "max_num_batched_tokens": 512}) == (
+        "tensor_parallel_size")
+    narrowed = resolve_space("vllm-ascend", npus_per_instance=8, overrides=["max_num_batched_tokens=512:4096"])
+    assert narrowed.knob("max_num_batched_tokens").per_tp_group  # a narrowed range is still a per-rank budget

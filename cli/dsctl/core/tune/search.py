@@ -36,7 +36,8 @@ throughput at the rate the metrics were measured at (``--rate``, or the highest 
 
 Refinement: the last ``refine_share`` (a quarter) of the budget goes to a local search around the incumbent: each
 ask is a configuration one knob's move away from it (`SearchSpace.neighbours`: the other boolean, the adjacent
-choice, a step or a factor of 5/4 of a number) that no trial has had, in `refinement_order` (the move that continues
+choice, a step or a factor of 5/4 of a number; a tensor-parallel move takes the per-rank step budget along, so each
+NPU's share of a step stays) that no trial has had, in `refinement_order` (the move that continues
 the incumbent's climb first, then by what the same move did elsewhere in the run, then every knob once before any
 twice; ties in a seeded order), queued with Optuna's
 ``enqueue_trial`` so screens, duplicates and the budget treat it as any other trial; when the incumbent changes the
@@ -66,7 +67,7 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -81,7 +82,7 @@ from dsctl.core.tune import capacity as capacity_mod
 from dsctl.core.tune import quality as quality_mod
 from dsctl.core.tune import slo as slo_mod
 from dsctl.core.tune.pareto import TrialRecord
-from dsctl.core.tune.space import Knob, SearchSpace
+from dsctl.core.tune.space import Knob, SearchSpace, comparable
 from dsctl.errors import UsageError
 
 CRASH_VIOLATION = 100.0
@@ -316,21 +317,9 @@ def _fingerprint(space: SearchSpace, slos: Sequence[slo_mod.Slo], objective: str
     return json.dumps(body, sort_keys=True, default=str)
 
 
-def _comparable(value: Any) -> Any:
-    """A knob's value as the search compares it: numbers to 9 decimal places (a float knob's grid steps are
-    coarser; 0.1 + 0.2 and 0.3 are one value), a bool never equal to a number.  One definition for `_same` and
-    the grouping key of `one_knob_pairs`, so a pair the groups form is a pair `lone_difference` names."""
-    if isinstance(value, bool):
-        return (bool, value)
-    if isinstance(value, float) and math.isfinite(value):
-        return (float, round(value, 9))
-    if isinstance(value, int):
-        return (float, round(float(value), 9)) if abs(value) < 2 ** 53 else (int, value)
-    return (type(value).__name__, value)
-
-
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(_comparable(value) == _comparable(b[key]) for key, value in a.items())
+    """Two configurations with the same knobs and equal values (`space.comparable`)."""
+    return a.keys() == b.keys() and all(comparable(value) == comparable(b[key]) for key, value in a.items())
 
 
 # --------------------------------------------------------------------------- the driver
@@ -653,7 +642,8 @@ class Search:
         order = random.Random(zlib.crc32(f"{self.settings.seed}:{self.controller}:refine:{asked}".encode()))
         order.shuffle(moves)
         measured = [r for r in records if r.evaluated and r.duplicate_of is None]
-        first = refinement_order(incumbent, base, moves, measured)[0]
+        switches = [knob.name for knob in self.space.knobs if knob.kind in ("bool", "categorical")]
+        first = refinement_order(incumbent, base, moves, measured, self.space.moved_knob, switches)[0]
         self.study.enqueue_trial(first, user_attrs={"dsctl_origin": "refine"})
 
     def _settle_without_evaluating(self, trial: optuna.trial.Trial, candidate: Candidate) -> bool:
@@ -732,16 +722,20 @@ def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
 
 
 def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Sequence[Mapping[str, Any]],
-                     measured: Sequence[TrialRecord]) -> list[Mapping[str, Any]]:
-    """``moves`` (one knob's move each from ``base``, the ``incumbent``'s configuration) in the order the
-    refinement tries them (stable: ties keep the given order, a seeded shuffle):
+                     measured: Sequence[TrialRecord],
+                     moved: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None,
+                     switches: Collection[str] = ()) -> list[Mapping[str, Any]]:
+    """``moves`` (one knob's move each from ``base``, the ``incumbent``'s configuration; ``moved`` names a move's
+    knob, `lone_difference` unless the space's `SearchSpace.moved_knob` is given for its layout moves;
+    ``switches`` are the knobs with a few values, booleans and choices) in the order the refinement tries them
+    (stable: ties keep the given order, a seeded shuffle):
 
     1. a numeric move that goes on in the direction the incumbent came from: a measured configuration that differs
        from ``base`` in that knob only, is older than the incumbent and worse (the climb's last step;
        compass search's "keep going while it improves");
     2. then by what the run has seen the same move do elsewhere (`move_evidence`: two measured configurations that
        differ in that knob alone, changed in the move's direction; the latest such pair): a move that gained, then
-       one never seen, then one that changed nothing, then one that lost;
+       one never seen (a switch's before a number's), then one that changed nothing, then one that lost;
     3. then the knobs the fewest measured configurations have moved alone from ``base``: every knob once before
        any twice.
 
@@ -753,13 +747,19 @@ def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Seq
     once the incumbent moved, its counts (3.) started again from zero and the same flat or losing moves (the
     memory fraction, eager mode) were tried again from the new incumbent, two of a seed's seven; with it moe-vllm
     went from 95.5 / 93.5 % (median / worst seed, nine-seed top figures) to 99.2 / 93.5 %, long-fixed (100 / 100 %)
-    and chat-fixed (99.5 / 96.6 %) unchanged."""
+    and chat-fixed (99.5 / 96.6 %) unchanged.  Switches before numbers among the unseen: one move tells all a
+    boolean does, and the switches set how the engine runs (graph mode, the shared-expert stream, the TP layout)
+    where a number sets how much; on moe-long (8K-32K prompts, a MoE) the seeds that missed the top had spent the
+    refinement on max_num_seqs and the memory fraction and never turned the overlap on or moved to TP 1, where
+    the top is (see README, "What changed", for the figures)."""
+    knob_of = moved or lone_difference
+
     def along(name: str) -> list[TrialRecord]:
         return [r for r in measured if r.number != incumbent.number and name in r.config
-                and lone_difference(base, r.config) == name]
+                and knob_of(base, r.config) == name]
 
-    def key(move: Mapping[str, Any]) -> tuple[int, int, int]:
-        name = lone_difference(base, move)
+    def key(move: Mapping[str, Any]) -> tuple[int, int, int, int]:
+        name = knob_of(base, move)
         assert name is not None, "a refinement move changes one knob"
         earlier = along(name)
         value = move[name]
@@ -768,7 +768,7 @@ def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Seq
             and (value - base[name]) * (base[name] - r.config[name]) > 0 for r in earlier)
         seen = move_evidence(name, base[name], value, pairs)
         rank = {1: 0, None: 1, 0: 2, -1: 3}[seen]
-        return (0 if continues else 1, rank, len(earlier))
+        return (0 if continues else 1, rank, 0 if seen is None and name in switches else 1, len(earlier))
 
     pairs = one_knob_pairs(measured)
     return sorted(moves, key=key)
@@ -817,7 +817,7 @@ def one_knob_pairs(measured: Sequence[TrialRecord]) -> Pairs:
         lines: dict[tuple, list[int]] = {}
         for position, record in enumerate(measured):
             if name in record.config:
-                rest = tuple((k, _comparable(v)) for k, v in sorted(record.config.items()) if k != name)
+                rest = tuple((k, comparable(v)) for k, v in sorted(record.config.items()) if k != name)
                 lines.setdefault(rest, []).append(position)
         for line in lines.values():
             for n, i in enumerate(line):
