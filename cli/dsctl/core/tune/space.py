@@ -120,7 +120,7 @@ class Knob:
             moves += [value + step, value - step]
         out: list[Any] = []
         for move in moves:
-            move = self._on_grid(min(max(move, self.low), self.high))
+            move = self.on_grid(min(max(move, self.low), self.high))
             if move != value and self.contains(move) and move not in out:
                 out.append(move)
         return tuple(out)
@@ -129,10 +129,11 @@ class Knob:
         """A stepped float as its step's decimal value: Optuna's ``low + k x step`` gives 0.8400000000000001, which
         would reach the engine's argv and the report as it is."""
         if self.kind == "float" and self.step and not self.log and isinstance(value, float):
-            return self._on_grid(value)
+            return self.on_grid(value)
         return value
 
-    def _on_grid(self, value: float) -> Any:
+    def on_grid(self, value: float) -> Any:
+        """``value`` on the knob's grid: an int rounded (to its step on a linear scale), a stepped float to its step."""
         if self.kind == "int":
             if self.step and not self.log:
                 return int(self.low + round((value - self.low) / self.step) * self.step)
@@ -292,8 +293,8 @@ class SearchSpace:
         Deployment"), so the step's token budget is per rank, and its TP group's NPUs split that step; the chunk a
         step prefills sets how long the decodes it carries stall (the TPOT), so the best budget moves with the
         TP degree (bench/landscape.py moe-long: the top at TP 2 sits near 1400 tokens, at TP 1 near 700-800;
-        the plain move TP 2 -> 1 from 1418 tokens fell from 84 % to 51 % of the optimum, the layout move rose to
-        94 %)."""
+        from 1418 tokens at TP 2, 84 % of the optimum, the plain move to TP 1 measured 51 % and the layout move
+        94 %, single workload draws)."""
         out = []
         for knob in self.knobs:
             if knob.name not in config:
@@ -310,7 +311,7 @@ class SearchSpace:
         out: dict[str, Any] = {}
         for knob in self.knobs:
             if knob.per_tp_group and knob.name in config and tp:
-                scaled = knob._on_grid(min(max(config[knob.name] * new_tp / tp, knob.low), knob.high))
+                scaled = knob.on_grid(min(max(config[knob.name] * new_tp / tp, knob.low), knob.high))
                 if knob.contains(scaled):
                     out[knob.name] = scaled
         return out
