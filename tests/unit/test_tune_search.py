@@ -26,12 +26,11 @@ from dsctl.core.tune.search import (
     best_trial,
     classify_failure,
     journal_storage,
-    lone_difference,
     move_evidence,
     one_knob_pairs,
     refinement_order,
 )
-from dsctl.core.tune.space import resolve_space
+from dsctl.core.tune.space import lone_difference, resolve_space
 from dsctl.errors import UsageError
 
 SLOS = slo_mod.parse_slos(["ttft=200ms"])
@@ -574,7 +573,9 @@ def test_refinement_tries_unseen_switches_before_unseen_numbers():
     incumbent = _record(5, base, 40.0)
     worse_seqs = _record(3, {**base, "max_num_seqs": 102}, 30.0)  # max_num_seqs up from 102 gained: up goes first
     measured = [worse_seqs, incumbent]
-    switches = [k.name for k in space.knobs if k.kind in ("bool", "categorical")]
+    switches = space.switches
+    assert set(switches) == {"enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
+                             "multistream_overlap_shared_expert", "tensor_parallel_size"}
     ordered = refinement_order(incumbent, base, space.neighbours(base), measured, space.moved_knob, switches)
     changed = [space.moved_knob(base, move) for move in ordered]
     assert ordered[0]["max_num_seqs"] == 160

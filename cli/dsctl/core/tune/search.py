@@ -642,8 +642,7 @@ class Search:
         order = random.Random(zlib.crc32(f"{self.settings.seed}:{self.controller}:refine:{asked}".encode()))
         order.shuffle(moves)
         measured = [r for r in records if r.evaluated and r.duplicate_of is None]
-        switches = [knob.name for knob in self.space.knobs if knob.kind in ("bool", "categorical")]
-        first = refinement_order(incumbent, base, moves, measured, self.space.moved_knob, switches)[0]
+        first = refinement_order(incumbent, base, moves, measured, self.space.moved_knob, self.space.switches)[0]
         self.study.enqueue_trial(first, user_attrs={"dsctl_origin": "refine"})
 
     def _settle_without_evaluating(self, trial: optuna.trial.Trial, candidate: Candidate) -> bool:
@@ -723,11 +722,11 @@ def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
 
 def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Sequence[Mapping[str, Any]],
                      measured: Sequence[TrialRecord],
-                     moved: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None,
+                     moved: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None],
                      switches: Collection[str] = ()) -> list[Mapping[str, Any]]:
     """``moves`` (one knob's move each from ``base``, the ``incumbent``'s configuration; ``moved`` names a move's
-    knob, `lone_difference` unless the space's `SearchSpace.moved_knob` is given for its layout moves;
-    ``switches`` are the knobs with a few values, booleans and choices) in the order the refinement tries them
+    knob, the space's `SearchSpace.moved_knob`, which knows its layout moves; ``switches``, the space's
+    `SearchSpace.switches`) in the order the refinement tries them
     (stable: ties keep the given order, a seeded shuffle):
 
     1. a numeric move that goes on in the direction the incumbent came from: a measured configuration that differs
@@ -752,14 +751,12 @@ def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Seq
     where a number sets how much; on moe-long (8K-32K prompts, a MoE) the seeds that missed the top had spent the
     refinement on max_num_seqs and the memory fraction and never turned the overlap on or moved to TP 1, where
     the top is (see README, "What changed", for the figures)."""
-    knob_of = moved or lone_difference
-
     def along(name: str) -> list[TrialRecord]:
         return [r for r in measured if r.number != incumbent.number and name in r.config
-                and knob_of(base, r.config) == name]
+                and moved(base, r.config) == name]
 
     def key(move: Mapping[str, Any]) -> tuple[int, int, int, int]:
-        name = knob_of(base, move)
+        name = moved(base, move)
         assert name is not None, "a refinement move changes one knob"
         earlier = along(name)
         value = move[name]
@@ -776,15 +773,6 @@ def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Seq
 
 def _numeric(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def lone_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
-    """The one knob in which two configurations differ; None when they differ in none or in several, or do not
-    set the same knobs (a knob one of them leaves unset is no value to move from)."""
-    if a.keys() != b.keys():
-        return None
-    differ = [k for k in a if not _same({k: a[k]}, {k: b[k]})]
-    return differ[0] if len(differ) == 1 else None
 
 
 def _gain(before: TrialRecord, after: TrialRecord) -> int | None:

@@ -319,9 +319,9 @@ class SearchSpace:
     def moved_knob(self, base: Mapping[str, Any], move: Mapping[str, Any]) -> str | None:
         """The knob a move from ``base`` moves: the one knob that differs, or the parallel knob of a layout move
         (its ``per_tp_group`` knobs scaled along, `neighbours`); None for anything else."""
-        if base.keys() != move.keys():
+        differ = differing(base, move)
+        if differ is None:
             return None
-        differ = [name for name in base if _differs(base[name], move[name])]
         if len(differ) == 1:
             return differ[0]
         parallel = [name for name in differ if name in self.names and self.knob(name).parallel]
@@ -329,8 +329,14 @@ class SearchSpace:
             return None
         followers = self._per_tp_group(base, base[parallel[0]], move[parallel[0]])
         rest = [name for name in differ if name != parallel[0]]
-        return parallel[0] if all(name in followers and not _differs(followers[name], move[name])
+        return parallel[0] if all(name in followers and comparable(followers[name]) == comparable(move[name])
                                   for name in rest) else None
+
+    @property
+    def switches(self) -> tuple[str, ...]:
+        """The knobs of a few values (booleans, choices, the parallel layout), whose moves the refinement tries
+        before a number's among moves it has no evidence on (search.refinement_order)."""
+        return tuple(knob.name for knob in self.knobs if knob.kind in ("bool", "categorical"))
 
     def violations(self, config: Mapping[str, Any]) -> list[str]:
         """The dependencies a configuration breaks (one line each), and values outside their knob's range."""
@@ -387,8 +393,19 @@ def comparable(value: Any) -> Any:
     return (type(value).__name__, value)
 
 
-def _differs(a: Any, b: Any) -> bool:
-    return comparable(a) != comparable(b)
+def differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str] | None:
+    """The knobs whose values differ between two configurations (`comparable`); None when they do not set the same
+    knobs (a knob one of them leaves unset is no value to move from)."""
+    if a.keys() != b.keys():
+        return None
+    return [name for name in a if comparable(a[name]) != comparable(b[name])]
+
+
+def lone_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """The one knob in which two configurations differ; None when they differ in none or in several, or do not
+    set the same knobs."""
+    differ = differing(a, b)
+    return differ[0] if differ is not None and len(differ) == 1 else None
 
 
 def _show(value: Any) -> str:
