@@ -4,7 +4,7 @@ spaces, with the ground truth running on other hardware figures than the screens
 A landscape is a model, an instance, a workload, an SLO and a tune space (the engine's default space of
 cli/dsctl/data/tune_spaces.yaml, unpinned: the searches in bench/tune.py sample all of it).  Its figure per
 configuration is what `dsctl tune --simulate` measures: by default the capacity (the highest offered rate the
-instance sustains while meeting the SLO), or with ``--rate`` the goodput at that load.  Six landscapes:
+instance sustains while meeting the SLO), or with ``--rate`` the goodput at that load.  Eight landscapes:
 
 * chat-fixed: DeepSeek-R1-Distill-Qwen-7B on one 910B3, the fixed-batch engine (batch size per stream, stream
   count, KV sparsity), chat lengths (prompts 64-1024, outputs 16-192), TPOT p90 <= 60 ms;
@@ -25,7 +25,20 @@ instance sustains while meeting the SLO), or with ``--rate`` the goodput at that
 * moe-long: moe-vllm's model and instance on long documents (prompts 8K-32K, answers 256-1024), TPOT p90 <= 50 ms
   and TTFT p90 <= 10 s: a prefill chunk too small misses the TTFT, one too large stalls the decodes past the TPOT
   (at max_num_seqs 64, tensor parallel 2: 512 tokens 0.50 req/s, 1024 1.06, 2048 0.48), and tensor parallel,
-  the shared-expert overlap, eager mode and max_num_seqs move it by 4-40 %.
+  the shared-expert overlap, eager mode and max_num_seqs move it by 4-40 %;
+* moe-agent: moe-vllm's model and instance on an agent's turns (prompts 1K-8K: a tool loop's growing context;
+  answers 64-512), TTFT p90 <= 300 ms and TPOT p90 <= 30 ms: the prefill chunk must be large enough to bring an
+  8K prompt's first token within 300 ms and small enough that the decodes each chunk stalls keep 30 ms, so the top
+  is where the chunk, the layout and the overlap meet (seed 0, the overlap on: tensor parallel 1 at 700 / 1024 /
+  1400 / 2048 tokens 3.33 / 3.87 / 3.44 / 3.15 req/s, tensor parallel 2 at 1024 / 2048 / 2800 3.08 / 3.63 / 3.12;
+  the overlap off at tensor parallel 1, 1024 tokens: 3.47), and max_num_seqs below ~24 caps the decode batch
+  under the load (16: 2.95);
+* moe-rag: moe-vllm's model and instance answering over retrieved documents (prompts 1K-8K, answers 64-512) with
+  TPOT p90 <= 30 ms alone: a larger prefill chunk takes a prompt in fewer steps, until a step that carries one no
+  longer keeps the decodes within 30 ms, so capacity climbs to a cliff (seed 0, the overlap on: tensor parallel 1
+  at 512 / 644 / 712 / 1024 tokens 8.16 / 8.94 / 6.51 / 4.13 req/s; tensor parallel 2, whose two NPUs share a
+  step, at 1024 / 1164 / 1533 tokens 7.36 / 8.00 / 4.76): the top is a ridge a few dozen tokens wide under the
+  cliff of each layout.
 
 The ground truth's hardware is not the model's (``MODEL_ERROR``, stated below): prefill compute and decode
 bandwidth 10 % and 8 % below dsctl's profile, per-step and per-sequence host overhead 40 % above.  The screens
@@ -70,7 +83,8 @@ table, the searches' extra ones, the other seeds) in DIR, keyed by the landscape
 digest of what produced them (`TRUTH_CODE`, the landscape's definition, the truth's hardware), so a rerun of the
 same code reads them back and a change to it starts afresh.
 
-Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm,long-vllm,moe-long]
+Usage: .venv/bin/python bench/landscape.py [--landscapes chat-fixed,chat-vllm,long-fixed,moe-vllm,long-vllm,moe-long,
+                                                          moe-agent,moe-rag]
                                            [--rate R] [--cache DIR]
 """
 
@@ -150,6 +164,11 @@ _VLLM = {"max_num_seqs": (8, 16, 32, 64, 128, 256, 512),
          "gpu_memory_utilization": (0.8, 0.9, 0.98), "enable_chunked_prefill": (False, True),
          "enable_prefix_caching": (False,), "enforce_eager": (False, True),
          "multistream_overlap_shared_expert": (False,)}
+# moe-agent's and moe-rag's table: one prompt length range, so one grid (TTFT or TPOT binds; the searches sample the
+# whole space either way)
+_MOE_TURNS = {**_VLLM, "max_num_seqs": (16, 32, 64, 256), "max_num_batched_tokens": (512, 1024, 2048, 4096, 16384),
+              "gpu_memory_utilization": (0.8, 0.98), "enforce_eager": (False,),
+              "multistream_overlap_shared_expert": (False, True), "tensor_parallel_size": (1, 2)}
 LANDSCAPES = {
     "chat-fixed": Landscape("chat-fixed", "fixed-batch, 7B chat, tpot p90 <= 60 ms", "lab-engine",
                             "deepseek-r1-distill-qwen-7b", 1, "uniform:64:1024", "uniform:16:192", 4096,
@@ -178,6 +197,14 @@ LANDSCAPES = {
                            "max_num_batched_tokens": (512, 1024, 2048, 4096, 16384),
                            "enable_chunked_prefill": (True,), "enforce_eager": (False,),
                            "multistream_overlap_shared_expert": (False, True), "tensor_parallel_size": (1, 2)}),
+    "moe-agent": Landscape("moe-agent", "vllm-ascend, DeepSeek-V2-Lite (MoE) on 2 NPUs, agent turns: 1K-8K prompts, "
+                           "ttft p90 <= 300 ms, tpot p90 <= 30 ms", "vllm-ascend", "deepseek-v2-lite", 2,
+                           "uniform:1024:8192", "uniform:64:512", 16384, ("ttft:p90=300ms", "tpot:p90=30ms"),
+                           _MOE_TURNS),
+    "moe-rag": Landscape("moe-rag", "vllm-ascend, DeepSeek-V2-Lite (MoE) on 2 NPUs, retrieval answers: 1K-8K prompts, "
+                         "tpot p90 <= 30 ms", "vllm-ascend", "deepseek-v2-lite", 2, "uniform:1024:8192",
+                         "uniform:64:512", 16384, "tpot:p90=30ms",
+                         _MOE_TURNS),
 }
 
 
