@@ -32,7 +32,8 @@ instance sustains while meeting the SLO), or with ``--rate`` the goodput at that
   is where the chunk, the layout and the overlap meet (seed 0, the overlap on: tensor parallel 1 at 700 / 1024 /
   1400 / 2048 tokens 3.33 / 3.87 / 3.44 / 3.15 req/s, tensor parallel 2 at 1024 / 2048 / 2800 3.08 / 3.63 / 3.12;
   the overlap off at tensor parallel 1, 1024 tokens: 3.47), and max_num_seqs below ~24 caps the decode batch
-  under the load (16: 2.95);
+  under the load (16: 2.95).  Its top is bound by the workload's draw (the optimum's nine draws spread 24 %): at
+  seed 0, the draw the searches see, ~1000-1090 tokens measure best, over nine draws 845 does;
 * moe-rag: moe-vllm's model and instance answering over retrieved documents (prompts 1K-8K, answers 64-512) with
   TPOT p90 <= 30 ms alone: a larger prefill chunk takes a prompt in fewer steps, until a step that carries one no
   longer keeps the decodes within 30 ms, so capacity climbs to a cliff (seed 0, the overlap on: tensor parallel 1
