@@ -82,7 +82,7 @@ from dsctl.core.tune import capacity as capacity_mod
 from dsctl.core.tune import quality as quality_mod
 from dsctl.core.tune import slo as slo_mod
 from dsctl.core.tune.pareto import TrialRecord
-from dsctl.core.tune.space import Knob, SearchSpace, comparable
+from dsctl.core.tune.space import Knob, SearchSpace, comparable, differing
 from dsctl.errors import UsageError
 
 CRASH_VIOLATION = 100.0
@@ -317,11 +317,6 @@ def _fingerprint(space: SearchSpace, slos: Sequence[slo_mod.Slo], objective: str
     return json.dumps(body, sort_keys=True, default=str)
 
 
-def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Two configurations with the same knobs and equal values (`space.comparable`)."""
-    return a.keys() == b.keys() and all(comparable(value) == comparable(b[key]) for key, value in a.items())
-
-
 # --------------------------------------------------------------------------- the driver
 
 
@@ -429,7 +424,7 @@ class Search:
     def _same_value(self, name: str, config: Mapping[str, Any]) -> bool:
         if name not in self.baseline:
             return False
-        return _same({name: config[name]}, {name: self.baseline[name]})
+        return comparable(config[name]) == comparable(self.baseline[name])
 
     def _duplicate_of(self, candidate: Candidate) -> FrozenTrial | None:
         """An earlier evaluated (or running) trial that deploys the same parameters and fields."""
@@ -446,7 +441,7 @@ class Search:
                 continue
             else:
                 params = {**record["params"], **record["fields"]}
-            if _same(params, target):
+            if differing(params, target) == []:
                 return trial
         return None
 
@@ -635,7 +630,7 @@ class Search:
         tried = [trial.params for trial in trials if trial.params]
         base = {name: incumbent.config[name] for name in self.space.names if name in incumbent.config}
         moves = [move for move in self.space.neighbours(base)
-                 if not self.space.violations(move) and not any(_same(move, params) for params in tried)]
+                 if not self.space.violations(move) and not any(differing(move, params) == [] for params in tried)]
         if not moves:
             return
         asked = self._asked_so_far()  # as _ask's reseeding: an interrupted and resumed study queues the same moves
@@ -811,7 +806,7 @@ def one_knob_pairs(measured: Sequence[TrialRecord]) -> Pairs:
             for n, i in enumerate(line):
                 for j in line[n + 1:]:
                     first, second = measured[i], measured[j]
-                    if not _same({name: first.config[name]}, {name: second.config[name]}):
+                    if comparable(first.config[name]) != comparable(second.config[name]):
                         pairs.setdefault(name, []).append(((i, j), first, second))
     return pairs
 
@@ -826,9 +821,9 @@ def move_evidence(name: str, start: Any, end: Any, pairs: Pairs) -> int | None:
         a, b = first.config[name], second.config[name]
         if _numeric(end) and _numeric(a) and _numeric(b):
             before, after = (first, second) if (b - a) * (end - start) > 0 else (second, first)
-        elif _same({name: a}, {name: start}) and _same({name: b}, {name: end}):
+        elif comparable(a) == comparable(start) and comparable(b) == comparable(end):
             before, after = first, second
-        elif _same({name: b}, {name: start}) and _same({name: a}, {name: end}):
+        elif comparable(b) == comparable(start) and comparable(a) == comparable(end):
             before, after = second, first
         else:
             continue
