@@ -135,6 +135,23 @@ def test_best_prefers_headroom_on_a_tie():
     assert best_trial(records).number == 1
 
 
+def test_the_table_ranks_the_winner_first_when_a_tie_within_noise_keeps_it():
+    """Live verdicts carry noise: a later trial with the same capacity and more headroom does not replace the
+    baseline, and the report's ranking (tune_result.ranked) must not put it above the winner it names."""
+    from dsctl.core.tune.pareto import TrialRecord
+    from dsctl.services.tune_result import ranked
+
+    def record(number, objective, margin, noise):
+        return TrialRecord(number=number, controller="c", config={}, params={}, fields={}, evaluated=True,
+                           feasible=True, objective=objective, margin=margin,
+                           capacity={"sustained_rate": objective, "noise": noise})
+    records = (record(0, 64.0, -0.23, 0.41), record(1, 32.0, -0.5, 0.41), record(13, 64.0, -0.33, 0.41))
+    winner = best_trial(records)
+    assert winner.number == 0
+    assert [r.number for r in ranked(records, winner)] == [0, 13, 1]
+    assert [r.number for r in ranked(records)] == [13, 0, 1]  # without a winner: by figure, then headroom
+
+
 def test_resume_after_kill_repeats_nothing_and_finds_the_same_best(tmp_path: Path):
     class Killed(BaseException):
         """Stands for SIGKILL: nothing in the driver handles it, so the trial stays RUNNING in the journal."""

@@ -54,8 +54,12 @@ def _slo_cell(record: TrialRecord) -> str:
                      for key, value in record.slo_values.items()) or "-"
 
 
-def _status_cell(record: TrialRecord) -> str:
+def _status_cell(record: TrialRecord, best: TrialRecord | None) -> str:
     if record.feasible:
+        if best is not None and record.number != best.number and record.objective is not None \
+                and best.objective is not None and record.objective >= best.objective:
+            # ranked below the winner with an equal or higher figure: within the noise of the two verdicts
+            return "feasible; not beyond the winner's noise"
         return "feasible"
     detail = record.detail.splitlines()[0] if record.detail else ""
     return f"{record.failure}: {detail[:STATUS_CHARS]}" if detail else str(record.failure)
@@ -92,7 +96,7 @@ def render(result: TuneResult) -> None:
                      _cap_cell(record, "per_npu", ".3g"), _cap_cell(record, "window_s", ".0f"),
                      _cap_cell(record, "samples", "d"),
                      "-" if record.objective is None else f"{record.objective_name} {record.objective:.3g}",
-                     _slo_cell(record), _status_cell(record)])
+                     _slo_cell(record), _status_cell(record, result.best)])
     c = result.counts
     live = result.mode == "live"
     title = (f"dsctl tune{'' if live else ' --simulate'}: {result.subject}, {c['evaluated']} "

@@ -23,10 +23,14 @@ from dsctl.core.tune.pareto import TrialRecord
 from dsctl.errors import ExitStatus
 
 
-def ranked(trials: tuple[TrialRecord, ...]) -> list[TrialRecord]:
-    """Evaluated trials, best first: feasible by objective, then the rest by how near they came."""
+def ranked(trials: tuple[TrialRecord, ...], best: TrialRecord | None = None) -> list[TrialRecord]:
+    """Evaluated trials, best first: the run's winner (``best``, `search.best_trial`: with noisy verdicts a later
+    trial replaces the incumbent only beyond the noise, so an equal or slightly higher figure does not rank above
+    it), then feasible by objective, then the rest by how near they came."""
     evaluated = [t for t in trials if t.evaluated and t.duplicate_of is None]
-    return sorted(evaluated, key=lambda t: (not t.feasible, -(t.objective or 0.0) if t.feasible else 0.0,
+    winner = None if best is None else best.number
+    return sorted(evaluated, key=lambda t: (t.number != winner, not t.feasible,
+                                            -(t.objective or 0.0) if t.feasible else 0.0,
                                             t.failure in search.CRASHES,
                                             t.margin if t.margin is not None else float("inf"), t.number))
 
@@ -110,7 +114,7 @@ class TuneResult:
         return () if self.deployment is None else self.deployment.verification
 
     def ranked(self) -> list[TrialRecord]:
-        return ranked(self.trials)
+        return ranked(self.trials, self.best)
 
     def to_dict(self) -> dict[str, Any]:
         return {
