@@ -9,7 +9,9 @@ the recall share the engine uses and for others (a sensitivity sweep: the share 
 the field guide's scheme), where the KV reads are the whole step (a limit no deployment reaches) and at the fixed-batch
 engine's long-context batches (48K-token contexts, batch 1-4: a larger batch's one-step prefill of such prompts runs
 out of activation memory).  "depth" = min(step at 0, step at 0.15) / the best interior step - 1: how much the best
-interior threshold beats both ends by; the rate search resolves 5 % (`rate_search` rel_tol).  No I/O, under a second:
+interior threshold beats both ends by; the simulated rate search brackets a capacity to 2 % (services/tune.py
+RATE_TOLERANCE), and long-fixed's top varies by a 4.5 % standard error over its nine workload draws (README).  No I/O,
+under a second:
 
     PYTHONPATH=cli python bench/sparsity.py [--shares 0.05,0.1,0.15,0.2]
 """
@@ -73,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         long = " / ".join(f"{d * 100:+.1f} %" for _, d, _ in row["long"])
         print(f"{row['share']:>11g}{mark}  {row['model']:<28} {best:<5g} {deep * 100:+6.1f} % "
               f"{over_loose * 100:+7.1f} %{'':<11} {long}")
-    print("depth > 0: the best interior threshold decodes faster than both 0 and 0.15 by that much; the rate search "
-          "resolves 5 %")
+    print("depth > 0: the best interior threshold decodes faster than both 0 and 0.15 by that much (a decode step, "
+          "not a capacity)")
     return 0
 
 
