@@ -402,6 +402,26 @@ def test_tpot_bound_ignores_single_token_requests():
     assert watch.certainly_missed() is not None  # best case [0, 50, 50]: median 50
 
 
+def test_an_early_stop_never_counts_the_requests_the_verdict_leaves_out():
+    """tune's capacity window leaves out its first requests (the warm-up); slow ones among them must not end a
+    probe whose measured requests can still meet the SLO.  N = 12, the first 2 left out: p90 over the last 10."""
+    watch = SloWatch({"ttft": 100}, "p90", total_planned=12, excluded=2)
+    for _ in range(2):  # the warm-up, as slow as can be
+        watch.add(ok(5000))
+    watch.add(ok(200))
+    # over all 12 it would be certain (9 zeros and 3 slow ones: p90 = x[9] + 0.9 (x[10] - x[9]) > 100 ms); the
+    # measured 10 can still be 9 zeros and one 200 ms: p90 = 0 + 0.1 x 200 = 20 ms
+    assert watch.certainly_missed() is None
+    whole = SloWatch({"ttft": 100}, "p90", total_planned=12)
+    for value in (5000, 5000, 200):
+        whole.add(ok(value))
+    assert whole.certainly_missed() is not None
+    watch.add(ok(200))
+    assert watch.certainly_missed() is not None  # 2 slow among any 10 measured: p90 = x[8] = 200 ms
+    with pytest.raises(ValueError):
+        SloWatch({"ttft": 100}, "p90", total_planned=2, excluded=2)
+
+
 def test_never_fires_without_a_planned_total():
     watch = SloWatch({"ttft": 1}, "p50", total_planned=None)
     for _ in range(50):

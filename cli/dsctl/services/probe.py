@@ -71,6 +71,9 @@ class ProbeConfig:
     goodput: tuple[Slo, ...] = ()  # per-request bounds (ttft, tpot, e2el), each judged at its own statistic
     slo_stat: str = "p90"  # the statistic the command's terms without one were given (slo_spec.parse_slos)
     early_stop: bool = False
+    # the first N requests the caller's verdict leaves out (tune's capacity window: its warm-up): an early stop does
+    # not count them (probe_metrics.SloWatch ``excluded``)
+    early_stop_excluded: int = 0
     timeout: float = 300.0
     api_key: str | None = field(default=None, repr=False)  # never printed
     seed: int = 0
@@ -558,7 +561,9 @@ def modelled_result(result: RunResult, origin: float, scale: float) -> RunResult
 def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
          lag_samples: list[float] | None = None, *, tokenizer_check: bool = True) -> ProbeResult:
     """One probe; ``tokenizer_check``: with --tokenizer, check it against the server's prompt count first."""
-    watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned, plan.statistics) if plan.bounds_ms else None
+    excluded = cfg.early_stop_excluded if plan.total_planned is not None else 0
+    watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned, plan.statistics,
+                     excluded=excluded) if plan.bounds_ms else None
     scale = time_scale(prober, cfg, plan)
     origin = time.perf_counter()  # any fixed instant: modelled and wall differences agree from it
 

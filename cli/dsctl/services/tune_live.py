@@ -378,7 +378,7 @@ class LiveTune:
             url=slot.url, model=self.plan.model, rate=rate, requests=size.requests, warmup=warmup,
             duration=PROBE_MAX_S if size.requests / rate > PROBE_MAX_S else None,
             prompt_tokens=self.inputs.prompt_tokens, output_tokens=self.inputs.output_tokens,
-            goodput=self.goodput, early_stop=bool(self.goodput),
+            goodput=self.goodput, early_stop=bool(self.goodput), early_stop_excluded=size.warmup,
             timeout=PROBE_TIMEOUT_S, api_key=self.plan.api_key, seed=seed,
             max_error_rate=1.0)  # failures are judged by the SLO (error_rate) and the crash check, not here
 

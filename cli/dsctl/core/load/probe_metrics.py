@@ -410,10 +410,16 @@ class SloWatch:
     the SLO: the probe has certainly missed it, and can stop. The check is exact; it fires at the first finished
     request that makes the miss certain and never earlier. With N unknown (a closed loop bounded only by time)
     nothing is ever certain, so it never fires.
+
+    ``excluded``: the first E requests sent are left out of the caller's verdict (tune's capacity window leaves out
+    its warm-up, `capacity.window_metrics`). Requests finish out of order, so which finished ones those are is not
+    known here; the bound leaves out the E largest observed values instead, over N - E requests. Any E of the
+    observed values could be the excluded ones, and leaving out the largest gives the lowest statistic, so the bound
+    still holds for the verdict's requests: an early stop never ends a probe the verdict would have passed.
     """
 
     def __init__(self, bounds_ms: Mapping[str, float], statistic: str = "p90", total_planned: int | None = None,
-                 statistics: Mapping[str, str] | None = None):
+                 statistics: Mapping[str, str] | None = None, excluded: int = 0):
         unknown = set(bounds_ms) - set(GOODPUT_METRICS)
         if unknown:
             raise ValueError(f"unknown SLO metric(s): {', '.join(sorted(unknown))}")
@@ -424,7 +430,10 @@ class SloWatch:
         # per metric: ``--goodput ttft:p95=200ms`` binds p95 for ttft whatever --slo-stat says
         self.statistics = {m: parse_statistic((statistics or {}).get(m, self.statistic)) for m in self.bounds_ms}
         self._q = {m: STATISTICS[stat] for m, stat in self.statistics.items()}
+        if excluded < 0 or (total_planned is not None and excluded >= total_planned):
+            raise ValueError(f"excluded ({excluded}) must be at least 0 and below the planned total ({total_planned})")
         self.total_planned = total_planned
+        self.excluded = excluded
         self.finished = 0
         self._sorted: dict[str, list[float]] = {m: [] for m in self.bounds_ms}
         self._sums: dict[str, float] = dict.fromkeys(self.bounds_ms, 0.0)
@@ -445,8 +454,10 @@ class SloWatch:
             bisect.insort(self._sorted[metric], value)
             self._sums[metric] += value
 
-    def _statistic(self, metric: str, zeros: int) -> float | None:
+    def _statistic(self, metric: str, zeros: int, leave_out: int = 0) -> float | None:
         data = self._sorted[metric]
+        if leave_out:
+            data = data[:max(0, len(data) - leave_out)]
         n = len(data) + zeros
         if n == 0:
             return None
@@ -479,7 +490,7 @@ class SloWatch:
         if remaining is None:
             return None
         for metric, bound in self.bounds_ms.items():
-            best = self._statistic(metric, remaining)
+            best = self._statistic(metric, remaining, self.excluded)
             if best is not None and best > bound:
                 return (f"{metric} {self.statistics[metric]} is at least {_fmt_ms(best)} ms even if the "
                         f"{remaining} remaining request(s) are instant; SLO {bound:g} ms")
