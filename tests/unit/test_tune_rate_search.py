@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.core.tune.rate_search import search_rate, to_outcome
+from dsctl.core.tune.rate_search import STOPPED_EARLY, search_rate, to_outcome
 from dsctl.core.tune.slo import judge, parse_slos
 
 SLOS = parse_slos(["ttft=200ms"])
@@ -51,6 +51,21 @@ def test_overloaded_probe_steps_down_to_what_it_completed():
     probe, calls = server(1.2)
     search_rate(probe, SLOS, start=10.0, min_rate=0.05, max_rate=100.0, max_probes=10)
     assert calls[0] == 10.0 and calls[1] == pytest.approx(1.2)  # not 5.0: the server completed 1.2 req/s
+
+
+def test_a_probe_stopped_early_steps_down_by_halving_not_to_what_its_short_window_completed():
+    """Live tune stops a probe once its miss is certain: a few dozen requests while a queue builds.  What that
+    window completed is no throughput (a lab trial halved from 39 req/s straight to 0.87)."""
+    probe, calls = server(16.0)
+
+    def stopped_early(rate: float) -> dict:
+        metrics = probe(rate)
+        if rate > 16.0:  # a certain miss after a few requests: tune_live marks it
+            return {**metrics, "completed": 0, "request_throughput": 0.87, STOPPED_EARLY: True}
+        return metrics
+    result = search_rate(stopped_early, SLOS, start=39.0, min_rate=0.1, max_rate=157.0, max_probes=8, rel_tol=0.15)
+    assert calls[:2] == [39.0, 19.5]
+    assert result.rate is not None and 16.0 / 1.15 ** 2 <= result.rate <= 16.0
 
 
 def test_a_lucky_run_above_the_boundary_is_caught_by_the_repeat():

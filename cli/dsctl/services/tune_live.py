@@ -476,7 +476,8 @@ class LiveTune:
                 return {**metrics, "completed": 0}  # it holds nothing at a rate that kills it
             early = (result.data.get("slo") or {}).get("early_stopped")
             if early and slo.judge(self.plan.slos, metrics).met:
-                return {**metrics, "completed": 0}  # stopped because the miss was certain: a miss
+                # stopped because the miss was certain: a miss, and no measure of throughput
+                return {**metrics, "completed": 0, rate_search.STOPPED_EARLY: True}
             return metrics
 
         if self.inputs.rate is not None:

@@ -52,6 +52,10 @@ from dsctl.core.tune import slo as slo_mod
 from dsctl.core.tune.search import Outcome
 
 Probe = Callable[[float], Mapping[str, Any]]  # rate (req/s) -> probe_metrics.calculate_metrics summary
+# A probe's metrics carry this (true) when the probe stopped as soon as its miss was certain (live tune's early
+# stop): its window lasted a few dozen requests while a queue built up, so what it completed says nothing about the
+# server's throughput (a lab tune halved from 39 req/s straight to the 0.87 such a window "completed")
+STOPPED_EARLY = "stopped_early"
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,7 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
             if hi <= min_rate:
                 break
             rate = hi / growth
-            completed = last.metrics.get("request_throughput")
+            completed = None if last.metrics.get(STOPPED_EARLY) else last.metrics.get("request_throughput")
             if completed is not None and 0 < completed < rate:
                 rate = completed
             rate = max(rate, min_rate)
@@ -282,6 +286,8 @@ def _throughput(probes: Sequence[RateProbe]) -> float | None:
     64 offered, 34.9 at 32).  None when no probe missed on throughput."""
     shortfall, held = [], []
     for probe in probes:
+        if probe.metrics.get(STOPPED_EARLY):
+            continue
         steady = probe.metrics.get(capacity.STEADY) or {}
         achieved, offered = steady.get("achieved_rate"), steady.get("offered_rate")
         if achieved is None or not math.isfinite(achieved) or achieved <= 0:
