@@ -286,6 +286,31 @@ def test_a_candidate_is_pruned_at_a_miss_the_incumbent_holds_and_the_baseline_ne
     assert not outcome.data["rate_search"]["stopped"].startswith("pruned")
 
 
+class StoppedEarly(ScriptedProbes):
+    """Above capacity the probe stops after a few requests (the early stop: the miss is certain), and what its
+    short window completed is a fraction of a request per second."""
+
+    def probe(self, slot, rate, *, warmup, seed):
+        result, metrics = super().probe(slot, rate, warmup=warmup, seed=seed)
+        if rate <= self.capacity:
+            return result, metrics
+        stopped = SimpleNamespace(data={"metrics": {"errors": {"by_class": {}}}, "slo": {"early_stopped": True}})
+        return stopped, {**metrics, "completed": 12, "request_throughput": 0.87}
+
+
+def test_a_probe_stopped_early_is_no_throughput_to_step_down_to(tmp_path, sample_plan):
+    """The baseline (never pruned) first probed above its capacity: the next rate is half, not the 0.87 req/s a
+    probe stopped after a few requests completed (seen on the lab: 39 -> 0.87 req/s, its capacity ~16)."""
+    inputs = tune_live.LiveTuneInputs(inventory=SAMPLE / "hosts.yml", slos=("ttft=2s",), run_dir=tmp_path)
+    tune = StoppedEarly(inputs, sample_plan, capacity=1.4)
+    baseline = dict(sample_plan.baseline)
+    candidate = search.Candidate(number=0, config=baseline, params=sample_plan.space.params(baseline),
+                                 fields=sample_plan.space.fields(baseline), needs_quality=False, slot=0)
+    outcome = tune._measure(sample_plan.slots[0], candidate)
+    assert tune.rates[:2] == [tune_live.START_RATE, tune_live.START_RATE / 2]
+    assert outcome.rate is not None and 1.4 / 1.15 ** 2 <= outcome.rate <= 1.4
+
+
 def test_the_model_screen_runs_the_allocator_the_instances_start_with(tmp_path, inventory, sample_plan):
     """The sample fleet's env sets expandable segments (the memory env); a service env that sets the vendor's
     fragmenting allocator back is what the screen's model of that service runs."""

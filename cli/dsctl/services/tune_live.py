@@ -474,10 +474,10 @@ class LiveTune:
             if died is not None:
                 crashed.append(died)
                 return {**metrics, "completed": 0}  # it holds nothing at a rate that kills it
-            early = (result.data.get("slo") or {}).get("early_stopped")
-            if early and slo.judge(self.plan.slos, metrics).met:
-                # stopped because the miss was certain: a miss, and no measure of throughput
-                return {**metrics, "completed": 0, rate_search.STOPPED_EARLY: True}
+            if (result.data.get("slo") or {}).get("early_stopped"):  # stopped because the miss was certain
+                stopped = {**metrics, rate_search.STOPPED_EARLY: True}  # a few dozen requests: no measure of throughput
+                # a miss, also where the window's own statistics (its warm-up left out) would pass
+                return {**stopped, "completed": 0} if slo.judge(self.plan.slos, metrics).met else stopped
             return metrics
 
         if self.inputs.rate is not None:
