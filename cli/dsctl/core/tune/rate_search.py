@@ -8,7 +8,8 @@ highest rate that held (``lo``) and the lowest that missed (``hi``).
 1. Probe ``start``.  If it holds, multiply the rate by ``growth`` until one misses or ``max_rate`` holds; if it
    misses, divide until one holds or ``min_rate`` misses.  Stepping down, the rate the overloaded probe actually
    completed (its request_throughput) is used when it is lower: a server that completed 1.2 req/s while offered
-   10 (vllm-ascend#3112) is not probed at 5 next.
+   10 (vllm-ascend#3112) is not probed at 5 next.  Not after a probe stopped early (`STOPPED_EARLY`): a window
+   of a few dozen requests while a queue built up completed nothing that measures the server.
 2. Bisect the bracket geometrically (rates span orders of magnitude) until ``hi / lo - 1 <= rel_tol``.
 3. Repeat the winning rate ``repeats`` times (single-run verdicts flip under noise: AIPerf's caveat, vLLM's 3
    runs).  If a repeat misses, that rate becomes ``hi`` and the search continues below it.
