@@ -418,8 +418,14 @@ def test_an_early_stop_never_counts_the_requests_the_verdict_leaves_out():
     assert whole.certainly_missed() is not None
     watch.add(ok(200))
     assert watch.certainly_missed() is not None  # 2 slow among any 10 measured: p90 = x[8] = 200 ms
+    # a live probe cut short by its time bound can plan fewer requests than the window's warm-up: nothing is judged,
+    # so nothing is ever certain (and the probe is not refused)
+    short = SloWatch({"ttft": 100}, "p90", total_planned=30, excluded=110)
+    for _ in range(30):
+        short.add(ok(5000))
+    assert short.certainly_missed() is None
     with pytest.raises(ValueError):
-        SloWatch({"ttft": 100}, "p90", total_planned=2, excluded=2)
+        SloWatch({"ttft": 100}, "p90", total_planned=10, excluded=-1)
 
 
 def test_never_fires_without_a_planned_total():

@@ -430,8 +430,8 @@ class SloWatch:
         # per metric: ``--goodput ttft:p95=200ms`` binds p95 for ttft whatever --slo-stat says
         self.statistics = {m: parse_statistic((statistics or {}).get(m, self.statistic)) for m in self.bounds_ms}
         self._q = {m: STATISTICS[stat] for m, stat in self.statistics.items()}
-        if excluded < 0 or (total_planned is not None and excluded >= total_planned):
-            raise ValueError(f"excluded ({excluded}) must be at least 0 and below the planned total ({total_planned})")
+        if excluded < 0:  # at or above the planned total it leaves nothing to judge: never certain
+            raise ValueError(f"excluded ({excluded}) must not be negative")
         self.total_planned = total_planned
         self.excluded = excluded
         self.finished = 0
