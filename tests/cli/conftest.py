@@ -75,3 +75,13 @@ def run_local_playbook(playbook: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
                           capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def sentinel():
+    """A loopback port that counts connections: the battery's hosts point at it (tests/cli/battery.py)."""
+    from .battery import Sentinel
+
+    listener = Sentinel()
+    yield listener
+    listener.close()
