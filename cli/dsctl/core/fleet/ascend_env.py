@@ -240,7 +240,7 @@ def _int_range(spec: Mapping) -> str:
 
 def _in_unit(text: str, unit: str | None) -> int | None:
     """A size written with a suffix in the variable's unit ("1G" in MB -> 1024), for the fix text."""
-    match = _SIZE_RE.match(text.strip())
+    match = _SIZE_RE.fullmatch(text.strip())
     if not match or unit not in ("bytes", "KB", "MB", "GB"):
         return None
     size_kb = float(match[1]) * _SIZE_FACTORS[match[2].upper()]
@@ -302,7 +302,7 @@ def _path_value(spec: Mapping, value: Any) -> str:
         expected += " of letters, digits, '_', '-' and '.'"
     if not isinstance(value, str) or not value.startswith("/") or any(c in value for c in "\n\r\0"):
         raise _Invalid(expected, "write a path that starts with /")
-    if spec.get("pattern") and not re.match(spec["pattern"], value):
+    if spec.get("pattern") and not re.fullmatch(spec["pattern"], value):
         raise _Invalid(expected, "rename the directory without other characters")
     return value
 
@@ -353,7 +353,7 @@ def _cpu_affinity_value(spec: Mapping, value: Any) -> str:
     if mode not in modes:
         raise _Invalid(expected, "start with the mode, e.g. 1")
     for item in ranges:
-        match = _AFFINITY_RANGE_RE.match(item)
+        match = _AFFINITY_RANGE_RE.fullmatch(item)
         if not match or int(match[2]) > int(match[3]):
             raise _Invalid(expected, f"write ranges as npu0:0-23, not {item!r}")
     if ranges and mode == "0":
@@ -375,7 +375,7 @@ def render_env_file(env: Mapping[str, str], *, toolkit_set_env: str, nnal_set_en
         quoted = shlex.quote(script)
         lines.append(f"[ -f {quoted} ] && . {quoted}")
     for name, value in sorted(env.items()):
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise EnvError(f"{INVENTORY_VAR}.{name}: not a valid environment variable name; use A-Z, 0-9 and _")
         lines.append(f"export {name}={_single_quoted(str(value))}")
     return "\n".join(lines) + "\n"
@@ -402,6 +402,6 @@ def parse_env_file(text: str) -> dict[str, str]:
             words = words[1:]
         for word in words:
             name, equals, value = word.partition("=")
-            if equals and _NAME_RE.match(name):
+            if equals and _NAME_RE.fullmatch(name):
                 env[name] = value
     return env

@@ -44,6 +44,7 @@ from dsctl.core.serving.service import (
     safe_path,
     validate_services,
 )
+from dsctl.core.text import one_line_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 SETTINGS_PREFIX = "dsctl_"
@@ -319,6 +320,8 @@ def _problem(error: Mapping[str, Any]) -> str:
     expected = info.description if info is not None and info.description else "a valid value"
     if error["type"] == "missing":
         return f"{field}: required but not set ({expected}); add it to group_vars or host_vars"
+    if one_line_problem(error):
+        return f"{field}: {one_line_problem(error)}; {FIX}"
     value = error.get("input")
     if expected == _VERSION or expected.startswith(_VERSION):
         if isinstance(value, (int, float)) and not isinstance(value, bool):

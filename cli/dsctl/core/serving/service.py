@@ -49,6 +49,7 @@ from pydantic import (
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.versions import compare_versions
+from dsctl.core.text import Text, one_line_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 SERVICES_VAR = "dsctl_services"
@@ -261,7 +262,7 @@ def _param_value(name: str, entry: Mapping[str, Any], value: Any, path: str) -> 
         checked = value if (not isinstance(value, bool) and value in choices) else None
         expected = "one of " + ", ".join(str(choice) for choice in choices)
     elif kind == "str":
-        ok = isinstance(value, str) and re.match(entry.get("pattern", r"^[^\n\r\0]+$"), value)
+        ok = isinstance(value, str) and re.fullmatch(entry.get("pattern", r"^[^\n\r\0]+$"), value)
         checked, expected = (value if ok else None), "a one-line name of letters, digits, '.', '_' and '-'"
     else:
         raise ValueError(f"engine_params.yaml: {name}: unknown type {kind!r}")  # a data bug, not a user error
@@ -323,14 +324,14 @@ def _check_rules(engine: str, params: Mapping[str, Any]) -> None:
 
 
 def _slug(value: str) -> str:
-    if not _SLUG_RE.match(value):
+    if not _SLUG_RE.fullmatch(value):
         raise ValueError("not a slug")
     return value
 
 
 def safe_path(value: str) -> str:
     """``value`` if it is an absolute path of the safe character set without a ``..`` part, else ValueError."""
-    if not _SAFE_PATH_RE.match(value) or ".." in value.split("/"):
+    if not _SAFE_PATH_RE.fullmatch(value) or ".." in value.split("/"):
         raise ValueError("not a safe absolute path")
     return value
 
@@ -340,13 +341,13 @@ def _model_ref(value: str) -> str:
         if value.rstrip("/") == "":
             raise ValueError("not a model path")
         return safe_path(value)
-    if not _MODEL_NAME_RE.match(value):
+    if not _MODEL_NAME_RE.fullmatch(value):
         raise ValueError("not a model name")
     return value
 
 
 def _served(value: str) -> str:
-    if not _SERVED_RE.match(value):
+    if not _SERVED_RE.fullmatch(value):
         raise ValueError("not a served name")
     return value
 
@@ -360,7 +361,7 @@ def _bind(value: str) -> str:
 
 
 def _account(value: str) -> str:
-    if not _ACCOUNT_RE.match(value):
+    if not _ACCOUNT_RE.fullmatch(value):
         raise ValueError("not a user or group name")
     return value
 
@@ -372,12 +373,11 @@ def _group(value: str) -> str:
 
 
 def _image(value: str) -> str:
-    if not _IMAGE_RE.match(value):
+    if not _IMAGE_RE.fullmatch(value):
         raise ValueError("not an image reference")
     return value
 
 
-Text = Annotated[str, Field(strict=True)]
 Slug = Annotated[Text, AfterValidator(_slug)]
 ModelRef = Annotated[Text, AfterValidator(_model_ref)]
 ServedName = Annotated[Text, AfterValidator(_served)]
@@ -456,7 +456,7 @@ class ServiceSpec(BaseModel):
     @field_validator("api_key")
     @classmethod
     def _api_key_chars(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None and not _API_KEY_RE.match(key.get_secret_value()):
+        if key is not None and not _API_KEY_RE.fullmatch(key.get_secret_value()):
             raise ValueError("not a usable key")
         return key
 
@@ -580,7 +580,7 @@ class ServiceSpec(BaseModel):
 
 def served_default(name: str) -> str:
     """A served model name made of a model path's last part (characters vLLM's name rule refuses become '-')."""
-    return name if _SERVED_RE.match(name) else re.sub(r"[^A-Za-z0-9._/:-]", "-", name).lstrip("._/:-") or "model"
+    return name if _SERVED_RE.fullmatch(name) else re.sub(r"[^A-Za-z0-9._/:-]", "-", name).lstrip("._/:-") or "model"
 
 
 def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str, str]:
@@ -591,7 +591,7 @@ def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str,
     checked: dict[str, str] = {}
     for key, value in env.items():
         name, path = str(key), f"{field}.{key}"
-        if not _ENV_NAME_RE.match(name):
+        if not _ENV_NAME_RE.fullmatch(name):
             raise _Problem(path, "not an environment variable name; use letters, digits and _")
         if name in MANAGED_ENV:
             raise _Problem(path, f"set by dsctl: {MANAGED_ENV[name]}; remove it")
@@ -690,6 +690,8 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
         return f"{field}: required but not set ({expected}); add it to the service"
     if top == "api_key":  # never echo a secret, not even a malformed one
         return f"{field}: expected {expected} (the value is not shown); {FIX}"
+    if one_line_problem(error):
+        return f"{field}: {one_line_problem(error)}; {FIX}"
     return f"{field}: expected {expected}, got {_shown(error.get('input'))}; {FIX}"
 
 
