@@ -33,6 +33,11 @@ class NotOneLine(ValueError):
     schemas' error lines add the field before it and their fix after it."""
 
 
+def control_character(value: str) -> bool:
+    """Whether ``value`` holds a control character (a line break, a tab, an escape, NUL, ...)."""
+    return _CONTROL_RE.search(value) is not None
+
+
 def one_line(value: str) -> str:
     """``value`` if it is one line without control characters and without leading or trailing blanks."""
     found = _CONTROL_RE.search(value)

@@ -49,7 +49,7 @@ from pydantic import (
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.versions import compare_versions
-from dsctl.core.text import Text, one_line_problem
+from dsctl.core.text import Text, control_character, one_line_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 SERVICES_VAR = "dsctl_services"
@@ -590,7 +590,7 @@ def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str,
         return {}
     checked: dict[str, str] = {}
     for key, value in env.items():
-        name, path = str(key), f"{field}.{key}"
+        name, path = str(key), ascend_env.variable_path(field, key)
         if not _ENV_NAME_RE.fullmatch(name):
             raise _Problem(path, "not an environment variable name; use letters, digits and _")
         if name in MANAGED_ENV:
@@ -598,7 +598,7 @@ def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str,
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise _Problem(path, f"expected a string or a number, got {_shown(value)}; quote it")
         text = str(value)
-        if text != text.strip() or text[:1] in ("'", '"') or any(c in text for c in "\\\n\r\0"):
+        if text != text.strip() or text[:1] in ("'", '"') or "\\" in text or control_character(text):
             raise _Problem(path, "expected a one-line value without surrounding blanks, leading quotes or "
                                  f"backslashes (the env file holds it unquoted); {FIX}")
         try:
