@@ -28,9 +28,13 @@ _NAMES = {"\n": "a line break", "\r": "a carriage return", "\t": "a tab", "\x00"
 ONE_LINE_WORDS = "one line without control characters or surrounding blanks"
 
 
-class NotOneLine(ValueError):
-    """A string with a control character or a surrounding blank; the message is "expected ..., got ..." and the
-    schemas' error lines add the field before it and their fix after it."""
+class StatedProblem(ValueError):
+    """A type's refusal that says itself what is wrong ("expected ..., got ..." or "... is refused: why"): the
+    schemas' error lines put the field before it and their fix after it, instead of the field's description."""
+
+
+class NotOneLine(StatedProblem):
+    """A string with a control character or a surrounding blank."""
 
 
 def control_character(value: str) -> bool:
@@ -49,11 +53,11 @@ def one_line(value: str) -> str:
     return value
 
 
-def one_line_problem(error: Mapping[str, Any]) -> str | None:
-    """The `NotOneLine` message of a pydantic error (None for any other error): the schemas' error lines use it
+def stated_problem(error: Mapping[str, Any]) -> str | None:
+    """The `StatedProblem` message of a pydantic error (None for any other error): the schemas' error lines use it
     instead of the field's description, which would not say what is wrong with the value."""
     cause = (error.get("ctx") or {}).get("error")
-    return str(cause) if isinstance(cause, NotOneLine) else None
+    return str(cause) if isinstance(cause, StatedProblem) else None
 
 
 # strict: YAML's 24.1 stays a float and is refused, never turned into the string "24.1".

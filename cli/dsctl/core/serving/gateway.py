@@ -53,7 +53,7 @@ from dsctl.core.serving.service import (
     Text,
     plan_host,
 )
-from dsctl.core.text import one_line_problem
+from dsctl.core.text import stated_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 GATEWAY_VAR = "dsctl_gateway"
@@ -221,8 +221,8 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
         return f"{field}: unknown gateway setting; {hint}"
     if error["type"] == "missing":
         return f"{field}: required but not set ({expected}); add it"
-    if one_line_problem(error):
-        return f"{field}: {one_line_problem(error)}; {FIX}"
+    if stated_problem(error):
+        return f"{field}: {stated_problem(error)}; {FIX}"
     return f"{field}: expected {expected}, got {_shown(error.get('input'))}; {FIX}"
 
 

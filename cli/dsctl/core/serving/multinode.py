@@ -60,7 +60,7 @@ from dsctl.core.serving.service import (
     served_default,
 )
 from dsctl.core.serving.service_render import DEFAULT_CONFIG_DIR
-from dsctl.core.text import Text, one_line_problem
+from dsctl.core.text import Text, stated_problem
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
 ENGINES = ("vllm-ascend", "mindie")
@@ -278,8 +278,8 @@ def validate_multinode(entry: Any) -> MultiNodeSpec:
             line = f"{field}: unknown multi-host service setting (known: {', '.join(MultiNodeSpec.model_fields)})"
         elif error["type"] == "missing":
             line = f"{field}: required but not set ({expected}); add it to the service"
-        elif one_line_problem(error):
-            line = f"{field}: {one_line_problem(error)}; fix it in the service"
+        elif stated_problem(error):
+            line = f"{field}: {stated_problem(error)}; fix it in the service"
         else:
             line = f"{field}: expected {expected}, got {_shown(error.get('input'))}; fix it in the service"
         raise MultiNodeError(prefix + line) from None

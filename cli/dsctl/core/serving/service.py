@@ -49,7 +49,7 @@ from pydantic import (
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.versions import compare_versions
-from dsctl.core.text import Text, control_character, one_line_problem
+from dsctl.core.text import StatedProblem, Text, control_character, stated_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 SERVICES_VAR = "dsctl_services"
@@ -91,9 +91,40 @@ _API_KEY_RE = re.compile(r"^[!#-&(-\[\]-~]{8,512}$")
 # a path setting only holds characters no syntax gives a meaning to.
 _SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 SAFE_PATH_WORDS = "an absolute path of letters, digits and . _ / + - without '..'"
-# Membership in these groups is root in all but name (docker, disk: raw devices; adm, shadow: logs and
-# password hashes; wheel, sudo: administration): never the group of a network service.
-PRIVILEGED_GROUPS = ("root", "wheel", "sudo", "docker", "disk", "adm", "shadow")
+# Membership in these groups is root in all but name, or reads what only root may: never the group of dsctl's run
+# account or of a network service, not even allow-listed (dsctl_allowed_accounts).  Sources: Debian's SystemGroups
+# (https://wiki.debian.org/SystemGroups), sudoers(5), https://docs.docker.com/engine/security/#docker-daemon-attack-surface,
+# https://documentation.ubuntu.com/lxd/en/latest/security/, https://libvirt.org/acl.html, systemd-journald.service(8).
+PRIVILEGED_GROUPS = {
+    "root": "gid 0 owns the system's files",
+    "wheel": "sudoers(5) and su's pam_wheel give it root",
+    "sudo": "Debian's sudoers gives it root",
+    "admin": "Ubuntu's sudoers gives it root",
+    "docker": "the Docker socket is root",
+    "lxd": "the LXD socket is root",
+    "lxc": "it manages containers that can mount the host",
+    "libvirt": "it manages VMs that can be given the host's disks",
+    "disk": "raw access to every block device",
+    "kmem": "reads /dev/mem and /dev/port, the kernel's memory",
+    "shadow": "reads /etc/shadow, every password hash",
+    "adm": "reads the system logs in /var/log",
+    "systemd-journal": "reads every unit's journal",
+    "staff": "writes /usr/local, whose programs root runs",
+    "tty": "writes to every terminal",
+    "input": "reads every keyboard and mouse (/dev/input)",
+}
+# Accounts other software shares (Debian's base-passwd, Fedora's setup package, distribution daemons): a file dsctl
+# gives one of them is another service's, and "nobody" must own nothing (https://wiki.ubuntu.com/nobody).
+SHARED_ACCOUNTS = frozenset({
+    "nobody", "nogroup", "nfsnobody", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp",
+    "proxy", "www-data", "backup", "list", "irc", "gnats", "operator", "halt", "shutdown", "ftp", "sshd", "apache",
+    "nginx", "messagebus", "dbus", "polkitd", "syslog", "_apt", "systemd-network", "systemd-resolve",
+    "systemd-timesync", "systemd-coredump", "chrony", "ntp", "postfix", "rpc", "rpcuser", "tss", "users",
+})
+# The accounts dsctl makes: the driver's run account (npu_driver, Huawei's default name), the service user
+# (inference_service) and the gateway's workers (gateway); any dsctl-* name is one a dsctl role creates.
+DSCTL_ACCOUNTS = ("HwHiAiUser", "dsctl-serve", "dsctl-gateway")
+ACCOUNTS_VAR = "dsctl_allowed_accounts"
 _UNKNOWN = object()  # no host context: version gates cannot be applied
 
 
@@ -360,15 +391,47 @@ def _bind(value: str) -> str:
     return value
 
 
+class AccountRefused(StatedProblem):
+    """An account name no dsctl setting may take (a shared system account, a privileged group)."""
+
+
+def refused_account(name: str) -> str | None:
+    """Why ``name`` is never dsctl's run user or group nor a service's (None if it may be, allow-listed or
+    dsctl's own): a privileged group or a shared system account.  root has its own, more specific refusals."""
+    if name in PRIVILEGED_GROUPS and name != "root":
+        return f"{name!r} is a privileged group ({PRIVILEGED_GROUPS[name]})"
+    if name in SHARED_ACCOUNTS:
+        return f"{name!r} is a shared system account (other software owns files as it)"
+    return None
+
+
+def account_problem(name: str, allowed: Sequence[str], *, group: bool = False) -> str | None:
+    """Why ``name`` may not be a run or service account given the inventory's ``dsctl_allowed_accounts``, or None:
+    it must be dsctl's own (`DSCTL_ACCOUNTS`, a dsctl-* name) or allow-listed, and never `refused_account` (nor the
+    group root; the user root has its own refusals, a container's excepted)."""
+    refused = f"'root' is a privileged group ({PRIVILEGED_GROUPS['root']})" if group and name == "root" \
+        else refused_account(name)
+    if refused:
+        return f"{refused}, refused even in {ACCOUNTS_VAR}; use an account dsctl creates such as HwHiAiUser"
+    if name in DSCTL_ACCOUNTS or name.startswith("dsctl-") or name in allowed or name == "root":
+        return None
+    return (f"{name!r} is not an account dsctl creates ({', '.join(DSCTL_ACCOUNTS)} or a dsctl-* name); use one "
+            f"of those, or list {name} in {ACCOUNTS_VAR} if this site's own account is meant")
+
+
 def _account(value: str) -> str:
     if not _ACCOUNT_RE.fullmatch(value):
         raise ValueError("not a user or group name")
+    refused = refused_account(value)
+    if refused:
+        raise AccountRefused(f"{refused}; use one dsctl creates (HwHiAiUser, dsctl-serve, a dsctl-* name)")
     return value
 
 
 def _group(value: str) -> str:
-    if value in PRIVILEGED_GROUPS:
-        raise ValueError("a privileged group")
+    if value == "root":
+        raise AccountRefused("'root' is a privileged group (gid 0 owns the system's files); use HwHiAiUser, the "
+                             "group of the NPU devices")
     return _account(value)
 
 
@@ -420,8 +483,8 @@ class ServiceSpec(BaseModel):
         Field(default_factory=dict)
     env: Annotated[dict[str, Any], Field(description="a mapping of VARIABLE: value")] = Field(default_factory=dict)
     user: Annotated[AccountName, Field(description="a user name (not root)")] = "dsctl-serve"
-    group: Annotated[ServiceGroup, Field(description="a group name other than "
-                                                     + ", ".join(PRIVILEGED_GROUPS))] = "HwHiAiUser"
+    group: Annotated[ServiceGroup, Field(description="a group name other than a privileged group "
+                                                     "(such as HwHiAiUser)")] = "HwHiAiUser"
     health_timeout_s: Annotated[int, Field(strict=True, ge=1, le=86400,
                                            description="a number of seconds 1..86400")] = 900
     image: Annotated[ImageRef | None, Field(description="a container image reference")] = None
@@ -690,8 +753,8 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
         return f"{field}: required but not set ({expected}); add it to the service"
     if top == "api_key":  # never echo a secret, not even a malformed one
         return f"{field}: expected {expected} (the value is not shown); {FIX}"
-    if one_line_problem(error):
-        return f"{field}: {one_line_problem(error)}; {FIX}"
+    if stated_problem(error):
+        return f"{field}: {stated_problem(error)}; {FIX}"
     return f"{field}: expected {expected}, got {_shown(error.get('input'))}; {FIX}"
 
 
