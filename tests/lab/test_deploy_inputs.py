@@ -50,9 +50,11 @@ def site(tmp_path_factory):
     dsctl("lab", "down")
 
 
-def write_inventory(lab, directory: Path, services: list[dict]) -> Path:
+def write_inventory(lab, directory: Path, services: list[dict], allowed_accounts: list[str] | None = None) -> Path:
     data = yaml.safe_load(lab.inventory.read_text())
     data["all"]["children"]["npu_nodes"]["vars"]["dsctl_services"] = services
+    if allowed_accounts:
+        data["all"]["children"]["npu_nodes"]["vars"]["dsctl_allowed_accounts"] = allowed_accounts
     path = directory / "hosts.yml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -106,7 +108,10 @@ def test_an_existing_login_account_is_refused_as_service_user_and_left_as_it_is(
     lab.sh_ok(HOST, "id alice >/dev/null 2>&1 || useradd --create-home --shell /bin/bash alice")
     before = lab.sh_ok(HOST, "getent passwd alice")
     running = lab.sh_ok(HOST, "supervisorctl pid dsctl-chat-0").strip()
-    inventory = write_inventory(lab, directory, [service(user="alice", params={"max_num_seqs": 8})])
+    # Allow-listed, or the schema refuses alice before any host (not an account dsctl creates): the role's own
+    # check of an existing login account is what this test shows.
+    inventory = write_inventory(lab, directory, [service(user="alice", params={"max_num_seqs": 8})],
+                                allowed_accounts=["alice"])
     result = dsctl("deploy", str(inventory), "--json", "--vault-password-file", str(password_file), check=False)
     assert result.returncode == 4, result.stdout + result.stderr
     errors = " ".join(json.loads(result.stdout)["errors"])

@@ -286,7 +286,8 @@ def test_root_as_the_run_user_is_refused():
     assert line.startswith("inventory: host lab-01: dsctl_run_user: root is refused: the npu_driver role would "
                            "change that account's group and shell")
     assert problem({**SITE, "dsctl_run_user": "root"}).exit_status == ExitStatus.USAGE
-    assert validate_host_vars("lab-01", {**SITE, "dsctl_run_user": "rooty"}).dsctl_run_user == "rooty"
+    allowed = {**SITE, "dsctl_run_user": "rooty", "dsctl_allowed_accounts": ["rooty"]}  # a site's own account
+    assert validate_host_vars("lab-01", allowed).dsctl_run_user == "rooty"
 
 
 def test_a_malformed_gateway_is_refused_with_the_host_settings():

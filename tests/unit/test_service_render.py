@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -612,11 +614,15 @@ def test_no_value_may_span_lines():
 @pytest.mark.parametrize("kind", sorted(INJECTIONS))
 def test_supervisor_program_takes_hostile_paths_literally(tmp_path, kind):
     """supervisord's own parser (ServerOptions, the %-expansion and the shlex split of command=) reads the
-    rendered program; it needs an existing user and log directory, so user nobody and the log dir exist."""
-    (spec,) = specs({**CHAT, "instances": 1, "manager": "supervisor", "user": "nobody"})
+    rendered program; it needs an existing user and log directory: the user running the test, and the log dir.
+    (The schema refuses shared accounts such as nobody, so the spec names dsctl-serve and the program is given
+    the user that exists here.)"""
+    (spec,) = specs({**CHAT, "instances": 1, "manager": "supervisor"})
     config_dir, log_dir = hostile(tmp_path, kind, "config"), hostile(tmp_path, kind, "log")
     (unit,) = [f for f in render_instance(spec, plan_host([spec], 8)[0], env=HOST_ENV, config_dir=config_dir,
                                           log_dir=log_dir, unit_dir=str(tmp_path / "conf.d")) if f.role == "unit"]
+    here = pwd.getpwuid(os.getuid()).pw_name
+    unit = dataclasses.replace(unit, content=unit.content.replace("\nuser=dsctl-serve\n", f"\nuser={here}\n"))
     install([unit])
     Path(log_dir).mkdir(parents=True)
     main = tmp_path / "supervisord.conf"

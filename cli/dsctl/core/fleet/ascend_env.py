@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dsctl import data
+from dsctl.core.text import control_character
 from dsctl.errors import DsctlError, ExitStatus
 
 INVENTORY_VAR = "dsctl_ascend_env"
@@ -41,6 +42,50 @@ HEADER = (
     "# NPU process environment; variables and sources: dsctl/data/ascend_env.yaml\n"
 )
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# The environment variables that decide which code a process loads or runs, or how a shell reads its input, rather
+# than how the NPU stack behaves.  dsctl_env_file is a profile.d script: every login shell on the host sources it,
+# root's too, and every program those shells start inherits it, so one of these there changes every process on the
+# host.  Refused in dsctl_ascend_env whatever the value; a service that needs one sets it in its own env.
+LOADER_PREFIXES = {
+    # ld.so(8), ENVIRONMENT: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, LD_BIND_NOW, ... all belong to the dynamic loader.
+    "LD_": "the dynamic loader reads it (ld.so(8)): it chooses the libraries every program loads",
+    # bash(1), FUNCTIONS: exported functions travel as BASH_FUNC_<name>%% and replace commands in every bash.
+    "BASH_FUNC_": "bash imports it as a function (bash(1), FUNCTIONS) that replaces a command in every bash",
+}
+LOADER_VARIABLES = {
+    "PATH": "every shell and execvp(3) look commands up in it",
+    # glibc: iconv(3) loads gconv modules from GCONV_PATH; GLIBC_TUNABLES was CVE-2023-4911; LOCPATH, NLSPATH
+    # choose the locale and message files every program reads (locale(7), catopen(3)).
+    "GCONV_PATH": "glibc loads character-set modules from it (iconv(3))",
+    "GLIBC_TUNABLES": "it changes glibc's allocator and loader in every program (tunables(7), CVE-2023-4911)",
+    "LOCPATH": "glibc reads every program's locale data from it (locale(7))",
+    "NLSPATH": "glibc reads every program's message catalogues from it (catopen(3))",
+    # https://docs.python.org/3/using/cmdline.html#environment-variables
+    "PYTHONPATH": "every Python process imports modules from it first",
+    "PYTHONHOME": "every Python process takes its standard library from it",
+    "PYTHONSTARTUP": "interactive Python runs the file it names",
+    "PYTHONUSERBASE": "every Python process imports from the site-packages under it",
+    "PYTHONPLATLIBDIR": "every Python process takes its platform library directory from it",
+    "PYTHONBREAKPOINT": "Python imports and calls what it names on breakpoint()",
+    # bash(1), INVOCATION and Shell Variables; dash(1) for ENV.
+    "BASH_ENV": "every non-interactive bash runs the file it names (bash(1), INVOCATION)",
+    "ENV": "every interactive sh runs the file it names (dash(1), bash(1) INVOCATION)",
+    "IFS": "every shell splits words at its characters (bash(1), Word Splitting)",
+    "CDPATH": "cd in every shell searches it (bash(1), Shell Variables)",
+    "PS4": "bash expands it, command substitutions included, before each traced command (bash(1))",
+    "PROMPT_COMMAND": "every interactive bash runs it before each prompt (bash(1))",
+    "SHELLOPTS": "every bash starts with the options it lists (bash(1))",
+    "BASHOPTS": "every bash starts with the options it lists (bash(1))",
+    "GLOBIGNORE": "every bash drops the file names it matches from globs (bash(1))",
+    # perlrun(1), ruby(1), node(1): the interpreters' own search paths and startup options.
+    "PERL5LIB": "every perl imports modules from it first (perlrun(1))",
+    "PERLLIB": "every perl imports modules from it first (perlrun(1))",
+    "PERL5OPT": "every perl takes command-line options from it, -M modules included (perlrun(1))",
+    "RUBYLIB": "every ruby loads libraries from it first (ruby(1))",
+    "RUBYOPT": "every ruby takes options from it, -r libraries included (ruby(1))",
+    "NODE_OPTIONS": "every node takes options from it, --require included (node(1))",
+    "NODE_PATH": "every node loads modules from it (node(1))",
+}
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT])(?:I?B)?$", re.IGNORECASE)
 _SIZE_FACTORS = {"K": 1, "M": 1024, "G": 1024**2, "T": 1024**3}  # in KB
 _AFFINITY_RANGE_RE = re.compile(r"^npu(\d+):(\d+)-(\d+)$")
@@ -100,8 +145,36 @@ def check_variable(name: str, value: Any, *, field: str = INVENTORY_VAR,
         raise EnvError(f"{field}.{name}: expected {invalid.expected}, got {_shown(value)}; {invalid.fix}") from None
 
 
+def variable_path(field: str, name: Any) -> str:
+    """``field.NAME`` for a name that is one, ``field['na me\\n']`` (its repr) otherwise, so an error line stays one
+    line whatever the key holds."""
+    text = str(name)
+    return f"{field}.{text}" if re.fullmatch(r"[A-Za-z0-9_.-]+", text) else f"{field}[{text!r}]"
+
+
+def check_name(name: Any, variables: Mapping[str, Mapping] | None = None, *, field: str = INVENTORY_VAR) -> str:
+    """A variable name of the NPU env (``dsctl_ascend_env``): one the catalogue lists, or upper case, digits and _
+    (every CANN and engine variable is; POSIX.1-2017 XBD 8.1 reserves that form for the environment), and not one
+    that changes which code every process loads (`LOADER_VARIABLES`).  Raises `EnvError` naming it."""
+    variables = catalogue() if variables is None else variables
+    text = str(name)
+    path = variable_path(field, name)
+    if text not in variables and not _NAME_RE.fullmatch(text):
+        upper = text.upper()
+        hint = f"write {upper}" if _NAME_RE.fullmatch(upper) else "use A-Z, 0-9 and _, not starting with a digit"
+        raise EnvError(f"{path}: not an NPU environment variable name (CANN's and the engines' are upper-case "
+                       f"letters, digits and _); {hint}")
+    why = LOADER_VARIABLES.get(text) or next((why for prefix, why in LOADER_PREFIXES.items()
+                                              if text.startswith(prefix)), None)
+    if why:
+        raise EnvError(f"{path}: refused in the NPU env: {why}, and dsctl_env_file sets it for every login shell "
+                       "and program on the host; remove it (a service that needs it sets it in its "
+                       "dsctl_services[].env)")
+    return text
+
+
 def _string_or_number(name: str, value: Any, field: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or any(c in str(value) for c in "\n\r\0"):
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or control_character(str(value)):
         raise EnvError(f"{field}.{name}: expected a one-line string or a number, got {_shown(value)}; quote it")
     return str(value)
 
@@ -155,7 +228,7 @@ def _layers(overrides: Mapping[str, Any] | None, profile: str | None,
             env[name] = (check_variable(name, entry["value"], field=f"{PROFILE_VAR} {profile}", variables=variables),
                          f"profile {profile}")
     for key, value in overrides.items():
-        name = str(key)
+        name = check_name(key, variables)
         if value is None:
             if name not in variables:
                 check_variable(name, "", variables=variables)  # a typo or a misnomer is refused here too
@@ -240,7 +313,7 @@ def _int_range(spec: Mapping) -> str:
 
 def _in_unit(text: str, unit: str | None) -> int | None:
     """A size written with a suffix in the variable's unit ("1G" in MB -> 1024), for the fix text."""
-    match = _SIZE_RE.match(text.strip())
+    match = _SIZE_RE.fullmatch(text.strip())
     if not match or unit not in ("bytes", "KB", "MB", "GB"):
         return None
     size_kb = float(match[1]) * _SIZE_FACTORS[match[2].upper()]
@@ -300,15 +373,15 @@ def _path_value(spec: Mapping, value: Any) -> str:
     expected = "an absolute path"
     if spec.get("pattern"):
         expected += " of letters, digits, '_', '-' and '.'"
-    if not isinstance(value, str) or not value.startswith("/") or any(c in value for c in "\n\r\0"):
+    if not isinstance(value, str) or not value.startswith("/") or control_character(value):
         raise _Invalid(expected, "write a path that starts with /")
-    if spec.get("pattern") and not re.match(spec["pattern"], value):
+    if spec.get("pattern") and not re.fullmatch(spec["pattern"], value):
         raise _Invalid(expected, "rename the directory without other characters")
     return value
 
 
 def _string_value(value: Any) -> str:
-    if not isinstance(value, str) or any(c in value for c in "\n\r\0"):
+    if not isinstance(value, str) or control_character(value):
         raise _Invalid("a one-line string", "quote the value")
     return value
 
@@ -353,7 +426,7 @@ def _cpu_affinity_value(spec: Mapping, value: Any) -> str:
     if mode not in modes:
         raise _Invalid(expected, "start with the mode, e.g. 1")
     for item in ranges:
-        match = _AFFINITY_RANGE_RE.match(item)
+        match = _AFFINITY_RANGE_RE.fullmatch(item)
         if not match or int(match[2]) > int(match[3]):
             raise _Invalid(expected, f"write ranges as npu0:0-23, not {item!r}")
     if ranges and mode == "0":
@@ -375,7 +448,7 @@ def render_env_file(env: Mapping[str, str], *, toolkit_set_env: str, nnal_set_en
         quoted = shlex.quote(script)
         lines.append(f"[ -f {quoted} ] && . {quoted}")
     for name, value in sorted(env.items()):
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise EnvError(f"{INVENTORY_VAR}.{name}: not a valid environment variable name; use A-Z, 0-9 and _")
         lines.append(f"export {name}={_single_quoted(str(value))}")
     return "\n".join(lines) + "\n"
@@ -402,6 +475,6 @@ def parse_env_file(text: str) -> dict[str, str]:
             words = words[1:]
         for word in words:
             name, equals, value = word.partition("=")
-            if equals and _NAME_RE.match(name):
+            if equals and _NAME_RE.fullmatch(name):
                 env[name] = value
     return env

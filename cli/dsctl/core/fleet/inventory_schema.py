@@ -40,10 +40,12 @@ from dsctl.core.serving.service import (
     ServiceError,
     ServiceSpec,
     Text,
+    account_problem,
     plan_host,
     safe_path,
     validate_services,
 )
+from dsctl.core.text import stated_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 SETTINGS_PREFIX = "dsctl_"
@@ -142,6 +144,11 @@ class HostSettings(BaseModel):
         "/usr/local/Ascend"
     dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
     dsctl_run_group: Annotated[AccountName, Field(description="a group name")] = "HwHiAiUser"
+    # Accounts of the site's own that dsctl may run as (run user and group, services' user and group) besides those
+    # it creates (service.DSCTL_ACCOUNTS); privileged groups and shared system accounts stay refused.
+    dsctl_allowed_accounts: Annotated[list[AccountName], Field(strict=True, description="a list of user or group "
+                                                                                        "names")] = \
+        Field(default_factory=list)
     dsctl_force_unhealthy: Annotated[Flag, Field(description=_FLAG)] = False
     # The deployment guides' prerequisites (field-practice.md): >= 200 GB free disk, >= 64 GB RAM, kernel 5.10.
     dsctl_min_free_disk_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 200
@@ -258,6 +265,17 @@ class HostSettings(BaseModel):
                                  "group and shell; name an unprivileged account such as HwHiAiUser; " + FIX)
         return user
 
+    @model_validator(mode="after")
+    def _own_accounts(self) -> HostSettings:
+        # The npu_driver role makes the run user a login account (/bin/bash) in the run group: on a person's or
+        # another service's account that rewrites it, so only dsctl's own or an allow-listed one is taken.
+        for field in ("dsctl_run_user", "dsctl_run_group"):
+            problem = account_problem(getattr(self, field), self.dsctl_allowed_accounts,
+                                      group=field == "dsctl_run_group")
+            if problem:
+                raise InventoryError(f"{field}: {problem}")
+        return self
+
     @field_validator("dsctl_ascend_env", mode="before")
     @classmethod
     def _empty_env(cls, overrides: Any) -> Any:
@@ -319,6 +337,8 @@ def _problem(error: Mapping[str, Any]) -> str:
     expected = info.description if info is not None and info.description else "a valid value"
     if error["type"] == "missing":
         return f"{field}: required but not set ({expected}); add it to group_vars or host_vars"
+    if stated_problem(error):
+        return f"{field}: {stated_problem(error)}; {FIX}"
     value = error.get("input")
     if expected == _VERSION or expected.startswith(_VERSION):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -377,6 +397,9 @@ def _host_problem(host: str, hostvars: Mapping[str, Any], releases: Mapping,
         multi = multi_host_specs(host, settings.dsctl_services)
     except InventoryError as problem:
         return None, problem
+    problem = _service_accounts(host, settings.dsctl_services, settings.dsctl_allowed_accounts)
+    if problem is not None:
+        return None, problem
     names = {spec.name for spec in services}
     clash = next((spec.name for spec in multi if spec.name in names), None)
     if clash is not None:
@@ -384,6 +407,17 @@ def _host_problem(host: str, hostvars: Mapping[str, Any], releases: Mapping,
                                     "this host, one across hosts); give each its own name")
     return settings.model_copy(update={"stack": stack, "services": tuple(services),
                                        "multi_host_services": tuple(multi)}), None
+
+
+def _service_accounts(host: str, services: list[Any], allowed: list[str]) -> InventoryError | None:
+    """The first service (single- or multi-host, already validated) whose user or group is neither dsctl's own nor
+    in dsctl_allowed_accounts."""
+    for index, entry in enumerate(services):
+        for field, default in (("user", "dsctl-serve"), ("group", "HwHiAiUser")):
+            problem = account_problem(str(entry.get(field) or default), allowed, group=field == "group")
+            if problem:
+                return InventoryError(f"inventory: host {host}: dsctl_services[{index}].{field}: {problem}")
+    return None
 
 
 def multi_host_specs(host: str, services: Any) -> list[MultiNodeSpec]:

@@ -55,7 +55,7 @@ class Locked:
 def python_tag(python: str) -> str:
     """``3.11`` -> ``3.11`` (checked): the major.minor a lock is for."""
     text = str(python).strip()
-    if not _PYTHON.match(text):
+    if not _PYTHON.fullmatch(text):
         raise LockError(f"python: expected a major.minor version such as 3.11, got {text!r}")
     return text
 

@@ -571,7 +571,7 @@ def _parse_env(text: Any, problems: list[Problem]) -> EnvState:
 
 def _is_assignment(word: str) -> bool:
     name, equals, _ = word.partition("=")
-    return bool(equals) and bool(_ENV_NAME_RE.match(name))
+    return bool(equals) and bool(_ENV_NAME_RE.fullmatch(name))
 
 
 # --------------------------------------------------------------------------- system, run user, serving

@@ -39,6 +39,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dsctl.core.text import Text
 from dsctl.errors import DsctlError, ExitStatus
 
 NETWORK_VAR = "dsctl_npu_network"
@@ -130,7 +131,6 @@ def _netmask(value: str) -> str:
         raise _Invalid("expected a contiguous IPv4 netmask such as 255.255.255.0") from None
 
 
-Text = Annotated[str, Field(strict=True)]
 IPv4 = Annotated[Text, AfterValidator(_ipv4)]
 Subnet = Annotated[Text, AfterValidator(_subnet)]
 Netmask = Annotated[Text, AfterValidator(_netmask)]

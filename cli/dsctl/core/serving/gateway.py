@@ -50,8 +50,10 @@ from dsctl.core.serving.service import (
     BindAddress,
     ServiceSpec,
     Slug,
+    Text,
     plan_host,
 )
+from dsctl.core.text import stated_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 GATEWAY_VAR = "dsctl_gateway"
@@ -75,13 +77,13 @@ class GatewayError(DsctlError):
 
 def _safe_path(value: str) -> str:
     # These paths reach nginx's configuration and a systemd unit unquoted-safe: no blanks, quotes, '$' or '%'.
-    if not _SAFE_PATH_RE.match(value) or "//" in value or "/../" in value + "/":
+    if not _SAFE_PATH_RE.fullmatch(value) or "//" in value or "/../" in value + "/":
         raise ValueError("not a plain absolute path")
     return value.rstrip("/") or "/"
 
 
 _SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/@+-]*$")
-AbsolutePath = Annotated[str, Field(strict=True), AfterValidator(_safe_path)]
+AbsolutePath = Annotated[Text, AfterValidator(_safe_path)]
 Port = Annotated[int, Field(strict=True, ge=1, le=65535, description="a port 1..65535")]
 
 
@@ -219,6 +221,8 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
         return f"{field}: unknown gateway setting; {hint}"
     if error["type"] == "missing":
         return f"{field}: required but not set ({expected}); add it"
+    if stated_problem(error):
+        return f"{field}: {stated_problem(error)}; {FIX}"
     return f"{field}: expected {expected}, got {_shown(error.get('input'))}; {FIX}"
 
 
@@ -369,7 +373,7 @@ def member_ids(value: Any, field: str) -> list[str]:
     ids = []
     for item in items:
         text = str(item).strip()
-        if not isinstance(item, str) or not _MEMBER_RE.match(text):
+        if not isinstance(item, str) or not _MEMBER_RE.fullmatch(text):
             raise GatewayError(f"{field}: {_shown(item)} is not host/instance (e.g. lab-01/chat-0)")
         ids.append(text)
     return ids

@@ -60,6 +60,7 @@ from dsctl.core.serving.service import (
     served_default,
 )
 from dsctl.core.serving.service_render import DEFAULT_CONFIG_DIR
+from dsctl.core.text import Text, stated_problem
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
 ENGINES = ("vllm-ascend", "mindie")
@@ -93,7 +94,6 @@ class _Problem(ServiceError):
         self.message = message
 
 
-Text = Annotated[str, Field(strict=True)]
 IfName = Annotated[Text, Field(pattern=_IFNAME_RE.pattern)]
 HostName = Annotated[Text, Field(pattern=_HOST_RE.pattern)]
 Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
@@ -278,6 +278,8 @@ def validate_multinode(entry: Any) -> MultiNodeSpec:
             line = f"{field}: unknown multi-host service setting (known: {', '.join(MultiNodeSpec.model_fields)})"
         elif error["type"] == "missing":
             line = f"{field}: required but not set ({expected}); add it to the service"
+        elif stated_problem(error):
+            line = f"{field}: {stated_problem(error)}; fix it in the service"
         else:
             line = f"{field}: expected {expected}, got {_shown(error.get('input'))}; fix it in the service"
         raise MultiNodeError(prefix + line) from None
@@ -310,7 +312,7 @@ class NodeFacts:
         except ValueError:
             raise MultiNodeError(f"host {self.name}: address {self.address!r} is not an IP address; give the host's "
                                  "management IP (ansible_host)") from None
-        if self.socket_ifname is not None and not _IFNAME_RE.match(self.socket_ifname):
+        if self.socket_ifname is not None and not _IFNAME_RE.fullmatch(self.socket_ifname):
             raise MultiNodeError(f"host {self.name}: socket_ifname {self.socket_ifname!r} is not a network interface "
                                  "name")
 

@@ -49,6 +49,7 @@ from pydantic import (
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.versions import compare_versions
+from dsctl.core.text import StatedProblem, Text, control_character, stated_problem
 from dsctl.errors import DsctlError, ExitStatus
 
 SERVICES_VAR = "dsctl_services"
@@ -90,9 +91,40 @@ _API_KEY_RE = re.compile(r"^[!#-&(-\[\]-~]{8,512}$")
 # a path setting only holds characters no syntax gives a meaning to.
 _SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 SAFE_PATH_WORDS = "an absolute path of letters, digits and . _ / + - without '..'"
-# Membership in these groups is root in all but name (docker, disk: raw devices; adm, shadow: logs and
-# password hashes; wheel, sudo: administration): never the group of a network service.
-PRIVILEGED_GROUPS = ("root", "wheel", "sudo", "docker", "disk", "adm", "shadow")
+# Membership in these groups is root in all but name, or reads what only root may: never the group of dsctl's run
+# account or of a network service, not even allow-listed (dsctl_allowed_accounts).  Sources: Debian's SystemGroups
+# (https://wiki.debian.org/SystemGroups), sudoers(5), https://docs.docker.com/engine/security/#docker-daemon-attack-surface,
+# https://documentation.ubuntu.com/lxd/en/latest/security/, https://libvirt.org/acl.html, systemd-journald.service(8).
+PRIVILEGED_GROUPS = {
+    "root": "gid 0 owns the system's files",
+    "wheel": "sudoers(5) and su's pam_wheel give it root",
+    "sudo": "Debian's sudoers gives it root",
+    "admin": "Ubuntu's sudoers gives it root",
+    "docker": "the Docker socket is root",
+    "lxd": "the LXD socket is root",
+    "lxc": "it manages containers that can mount the host",
+    "libvirt": "it manages VMs that can be given the host's disks",
+    "disk": "raw access to every block device",
+    "kmem": "reads /dev/mem and /dev/port, the kernel's memory",
+    "shadow": "reads /etc/shadow, every password hash",
+    "adm": "reads the system logs in /var/log",
+    "systemd-journal": "reads every unit's journal",
+    "staff": "writes /usr/local, whose programs root runs",
+    "tty": "writes to every terminal",
+    "input": "reads every keyboard and mouse (/dev/input)",
+}
+# Accounts other software shares (Debian's base-passwd, Fedora's setup package, distribution daemons): a file dsctl
+# gives one of them is another service's, and "nobody" must own nothing (https://wiki.ubuntu.com/nobody).
+SHARED_ACCOUNTS = frozenset({
+    "nobody", "nogroup", "nfsnobody", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp",
+    "proxy", "www-data", "backup", "list", "irc", "gnats", "operator", "halt", "shutdown", "ftp", "sshd", "apache",
+    "nginx", "messagebus", "dbus", "polkitd", "syslog", "_apt", "systemd-network", "systemd-resolve",
+    "systemd-timesync", "systemd-coredump", "chrony", "ntp", "postfix", "rpc", "rpcuser", "tss", "users",
+})
+# The accounts dsctl makes: the driver's run account (npu_driver, Huawei's default name), the service user
+# (inference_service) and the gateway's workers (gateway); any dsctl-* name is one a dsctl role creates.
+DSCTL_ACCOUNTS = ("HwHiAiUser", "dsctl-serve", "dsctl-gateway")
+ACCOUNTS_VAR = "dsctl_allowed_accounts"
 _UNKNOWN = object()  # no host context: version gates cannot be applied
 
 
@@ -261,7 +293,7 @@ def _param_value(name: str, entry: Mapping[str, Any], value: Any, path: str) -> 
         checked = value if (not isinstance(value, bool) and value in choices) else None
         expected = "one of " + ", ".join(str(choice) for choice in choices)
     elif kind == "str":
-        ok = isinstance(value, str) and re.match(entry.get("pattern", r"^[^\n\r\0]+$"), value)
+        ok = isinstance(value, str) and re.fullmatch(entry.get("pattern", r"^[^\n\r\0]+$"), value)
         checked, expected = (value if ok else None), "a one-line name of letters, digits, '.', '_' and '-'"
     else:
         raise ValueError(f"engine_params.yaml: {name}: unknown type {kind!r}")  # a data bug, not a user error
@@ -323,14 +355,14 @@ def _check_rules(engine: str, params: Mapping[str, Any]) -> None:
 
 
 def _slug(value: str) -> str:
-    if not _SLUG_RE.match(value):
+    if not _SLUG_RE.fullmatch(value):
         raise ValueError("not a slug")
     return value
 
 
 def safe_path(value: str) -> str:
     """``value`` if it is an absolute path of the safe character set without a ``..`` part, else ValueError."""
-    if not _SAFE_PATH_RE.match(value) or ".." in value.split("/"):
+    if not _SAFE_PATH_RE.fullmatch(value) or ".." in value.split("/"):
         raise ValueError("not a safe absolute path")
     return value
 
@@ -340,13 +372,13 @@ def _model_ref(value: str) -> str:
         if value.rstrip("/") == "":
             raise ValueError("not a model path")
         return safe_path(value)
-    if not _MODEL_NAME_RE.match(value):
+    if not _MODEL_NAME_RE.fullmatch(value):
         raise ValueError("not a model name")
     return value
 
 
 def _served(value: str) -> str:
-    if not _SERVED_RE.match(value):
+    if not _SERVED_RE.fullmatch(value):
         raise ValueError("not a served name")
     return value
 
@@ -359,25 +391,56 @@ def _bind(value: str) -> str:
     return value
 
 
+class AccountRefused(StatedProblem):
+    """An account name no dsctl setting may take (a shared system account, a privileged group)."""
+
+
+def refused_account(name: str) -> str | None:
+    """Why ``name`` is never dsctl's run user or group nor a service's (None if it may be, allow-listed or
+    dsctl's own): a privileged group or a shared system account.  root has its own, more specific refusals."""
+    if name in PRIVILEGED_GROUPS and name != "root":
+        return f"{name!r} is a privileged group ({PRIVILEGED_GROUPS[name]})"
+    if name in SHARED_ACCOUNTS:
+        return f"{name!r} is a shared system account (other software owns files as it)"
+    return None
+
+
+def account_problem(name: str, allowed: Sequence[str], *, group: bool = False) -> str | None:
+    """Why ``name`` may not be a run or service account given the inventory's ``dsctl_allowed_accounts``, or None:
+    it must be dsctl's own (`DSCTL_ACCOUNTS`, a dsctl-* name) or allow-listed, and never `refused_account` (nor the
+    group root; the user root has its own refusals, a container's excepted)."""
+    refused = f"'root' is a privileged group ({PRIVILEGED_GROUPS['root']})" if group and name == "root" \
+        else refused_account(name)
+    if refused:
+        return f"{refused}, refused even in {ACCOUNTS_VAR}; use an account dsctl creates such as HwHiAiUser"
+    if name in DSCTL_ACCOUNTS or name.startswith("dsctl-") or name in allowed or name == "root":
+        return None
+    return (f"{name!r} is not an account dsctl creates ({', '.join(DSCTL_ACCOUNTS)} or a dsctl-* name); use one "
+            f"of those, or list {name} in {ACCOUNTS_VAR} if this site's own account is meant")
+
+
 def _account(value: str) -> str:
-    if not _ACCOUNT_RE.match(value):
+    if not _ACCOUNT_RE.fullmatch(value):
         raise ValueError("not a user or group name")
+    refused = refused_account(value)
+    if refused:
+        raise AccountRefused(f"{refused}; use one dsctl creates (HwHiAiUser, dsctl-serve, a dsctl-* name)")
     return value
 
 
 def _group(value: str) -> str:
-    if value in PRIVILEGED_GROUPS:
-        raise ValueError("a privileged group")
+    if value == "root":
+        raise AccountRefused("'root' is a privileged group (gid 0 owns the system's files); use HwHiAiUser, the "
+                             "group of the NPU devices")
     return _account(value)
 
 
 def _image(value: str) -> str:
-    if not _IMAGE_RE.match(value):
+    if not _IMAGE_RE.fullmatch(value):
         raise ValueError("not an image reference")
     return value
 
 
-Text = Annotated[str, Field(strict=True)]
 Slug = Annotated[Text, AfterValidator(_slug)]
 ModelRef = Annotated[Text, AfterValidator(_model_ref)]
 ServedName = Annotated[Text, AfterValidator(_served)]
@@ -420,8 +483,8 @@ class ServiceSpec(BaseModel):
         Field(default_factory=dict)
     env: Annotated[dict[str, Any], Field(description="a mapping of VARIABLE: value")] = Field(default_factory=dict)
     user: Annotated[AccountName, Field(description="a user name (not root)")] = "dsctl-serve"
-    group: Annotated[ServiceGroup, Field(description="a group name other than "
-                                                     + ", ".join(PRIVILEGED_GROUPS))] = "HwHiAiUser"
+    group: Annotated[ServiceGroup, Field(description="a group name other than a privileged group "
+                                                     "(such as HwHiAiUser)")] = "HwHiAiUser"
     health_timeout_s: Annotated[int, Field(strict=True, ge=1, le=86400,
                                            description="a number of seconds 1..86400")] = 900
     image: Annotated[ImageRef | None, Field(description="a container image reference")] = None
@@ -456,7 +519,7 @@ class ServiceSpec(BaseModel):
     @field_validator("api_key")
     @classmethod
     def _api_key_chars(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None and not _API_KEY_RE.match(key.get_secret_value()):
+        if key is not None and not _API_KEY_RE.fullmatch(key.get_secret_value()):
             raise ValueError("not a usable key")
         return key
 
@@ -580,7 +643,7 @@ class ServiceSpec(BaseModel):
 
 def served_default(name: str) -> str:
     """A served model name made of a model path's last part (characters vLLM's name rule refuses become '-')."""
-    return name if _SERVED_RE.match(name) else re.sub(r"[^A-Za-z0-9._/:-]", "-", name).lstrip("._/:-") or "model"
+    return name if _SERVED_RE.fullmatch(name) else re.sub(r"[^A-Za-z0-9._/:-]", "-", name).lstrip("._/:-") or "model"
 
 
 def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str, str]:
@@ -590,15 +653,15 @@ def check_env(env: Mapping[str, Any] | None, *, field: str = "env") -> dict[str,
         return {}
     checked: dict[str, str] = {}
     for key, value in env.items():
-        name, path = str(key), f"{field}.{key}"
-        if not _ENV_NAME_RE.match(name):
+        name, path = str(key), ascend_env.variable_path(field, key)
+        if not _ENV_NAME_RE.fullmatch(name):
             raise _Problem(path, "not an environment variable name; use letters, digits and _")
         if name in MANAGED_ENV:
             raise _Problem(path, f"set by dsctl: {MANAGED_ENV[name]}; remove it")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise _Problem(path, f"expected a string or a number, got {_shown(value)}; quote it")
         text = str(value)
-        if text != text.strip() or text[:1] in ("'", '"') or any(c in text for c in "\\\n\r\0"):
+        if text != text.strip() or text[:1] in ("'", '"') or "\\" in text or control_character(text):
             raise _Problem(path, "expected a one-line value without surrounding blanks, leading quotes or "
                                  f"backslashes (the env file holds it unquoted); {FIX}")
         try:
@@ -690,6 +753,8 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
         return f"{field}: required but not set ({expected}); add it to the service"
     if top == "api_key":  # never echo a secret, not even a malformed one
         return f"{field}: expected {expected} (the value is not shown); {FIX}"
+    if stated_problem(error):
+        return f"{field}: {stated_problem(error)}; {FIX}"
     return f"{field}: expected {expected}, got {_shown(error.get('input'))}; {FIX}"
 
 

@@ -106,7 +106,7 @@ def _systemd_specifiers(text: str) -> str:
 def systemd_arg(value: Any) -> str:
     """One argument of an ExecStart= command line, taken literally by systemd."""
     text = _one_line(value, "systemd ExecStart argument")
-    if _SYSTEMD_SAFE.match(text):
+    if _SYSTEMD_SAFE.fullmatch(text):
         return _systemd_specifiers(text)
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
     return '"' + _systemd_specifiers(escaped) + '"'
@@ -220,7 +220,7 @@ def _absolute_dir(name: str, value: str) -> str:
 
 def _env_lines(env: Mapping[str, str]) -> dict[str, str]:
     for name, value in env.items():
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
             raise ServiceError(f"environment {name!r}: not a variable name; use letters, digits and _")
         text = str(value)
         if text != text.strip() or text[:1] in ("'", '"') or any(c in text for c in "\\\n\r\0"):

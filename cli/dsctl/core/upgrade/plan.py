@@ -88,7 +88,7 @@ class BatchSize:
 
     @classmethod
     def parse(cls, text: str, option: str = "--batch") -> BatchSize:
-        match = _BATCH.match(str(text).strip())
+        match = _BATCH.fullmatch(str(text).strip())
         if not match:
             raise UsageError(f"{option} {text!r}: expected a host count (1, 2) or a share of the fleet (25%)")
         if match.group(1) is not None:
