@@ -439,11 +439,12 @@ def test_duplicate_ports_across_services():
     services = [chat(npus_per_instance=2, instances=2), {**CHAT, "name": "embed", "npus_per_instance": 2,
                                                          "port": 8001}]
     assert problem(services) == (
-        f"inventory: host {HOST}: dsctl_services[1].port: port 8001 of embed-0 is also used by chat-1; give each "
-        "service its own port range (embed needs 1 from its port)")
+        f"inventory: host {HOST}: dsctl_services[1].port: port 8001 of embed-0 is also used by chat-1 "
+        "(dsctl_services[0].port); give each service its own port range (embed needs 1 from its port)")
     mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 2, "port": 7999,
               "allow_unauthenticated": True}
-    assert "port 8000 of mi-0 is also used by chat-0" in problem([chat(npus_per_instance=2), mindie])
+    assert "port 8000 of mi-0 is also used by chat-0 (dsctl_services[0].port)" in problem([chat(npus_per_instance=2),
+                                                                                           mindie])
 
 
 def test_duplicate_service_names():

@@ -29,7 +29,7 @@ from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.core.network import hccn_plan
 from dsctl.core.network.hccn_plan import HostNetwork, NetworkPlan, NetworkPlanError
-from dsctl.core.serving import multinode
+from dsctl.core.serving import host_ports, multinode
 from dsctl.core.serving.gateway import GatewaySpec, check_gateway
 from dsctl.core.serving.multinode import HostGroup, MultiNodeError, MultiNodeSpec
 
@@ -429,6 +429,20 @@ def _host_groups(fleet: Mapping[str, Mapping[str, Any]], settled: Mapping[str, H
         raise InventoryError(f"inventory: dsctl_services: {problem}", problem.exit_status) from None
 
 
+def _check_host_ports(host: str, hostvars: Mapping[str, Any], settings: HostSettings,
+                      groups: tuple[HostGroup, ...]) -> None:
+    """Every port the host listens on (sshd, its instances, the multi-host instances it heads) used once."""
+    specs = {spec.name: spec for spec in settings.multi_host_services}
+    heads = [(group.name, specs[group.service]) for group in groups
+             if group.hosts[0] == host and group.service in specs]
+    try:
+        host_ports.host_table(host, services=settings.services, npu_count=settings.dsctl_npu_count, heads=heads,
+                              ssh=host_ports.ssh_port(hostvars),
+                              fields=host_ports.service_fields(hostvars.get("dsctl_services")))
+    except DsctlError as clash:
+        raise InventoryError(str(clash), clash.exit_status) from None
+
+
 def _without_host(problem: DsctlError, host: str) -> str:
     return str(problem).removeprefix(f"inventory: host {host}: ")
 
@@ -474,6 +488,9 @@ def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *, releases: Mapping 
         everyone = fleet if fleet is not None else hosts
         network = fleet_network(everyone)
         groups = _host_groups(everyone, settled, network)
+        raw = {str(host): values for host, values in hosts.items()}
+        for host, settings in settled.items():
+            _check_host_ports(host, raw[host], settings, groups)
         return {host: settings.model_copy(update={"npu_addresses": network.host(host) if host in network else None,
                                                   "network_plan": network, "host_groups": groups})
                 for host, settings in settled.items()}

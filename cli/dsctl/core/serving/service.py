@@ -49,6 +49,7 @@ from pydantic import (
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.versions import compare_versions
+from dsctl.core.serving.port_table import FIRST_UNPRIVILEGED_PORT, PortTable
 from dsctl.errors import DsctlError, ExitStatus
 
 SERVICES_VAR = "dsctl_services"
@@ -412,6 +413,8 @@ class ServiceSpec(BaseModel):
     tensor_parallel_size: Annotated[Count | None, Field(description="an integer 1..16")] = None
     data_parallel_size: Annotated[Count, Field(description="an integer 1..16")] = 1
     port: Annotated[int | None, Field(strict=True, ge=1, le=65535, description="a port 1..65535")] = None
+    # A port below 1024 needs CAP_NET_BIND_SERVICE and is a system daemon's (ssh 22, http 80): asked for, not slipped.
+    allow_privileged_port: Annotated[bool, Field(strict=True, description="true or false (unquoted)")] = False
     bind: Annotated[BindAddress, Field(description="an IP address such as 0.0.0.0 or 127.0.0.1")] = "0.0.0.0"
     api_key: Annotated[SecretStr | None, Field(description=_API_KEY_WORDS)] = None
     # Serving without a key beyond loopback is a decision the inventory states, never a default.
@@ -485,6 +488,7 @@ class ServiceSpec(BaseModel):
                                   "make tensor_parallel_size x data_parallel_size equal npus_per_instance")
         params = check_params(self.engine, self.params, vllm_ascend=version)
         port = self.port if self.port is not None else DEFAULT_PORT[self.engine]
+        check_unprivileged_port(port, self.allow_privileged_port)
         last = port + self.instances * PORTS_PER_INSTANCE[self.engine] - 1
         if last > 65535:
             raise _Problem("port", f"{self.instances} instance(s) from port {port} need ports up to {last}; "
@@ -576,6 +580,17 @@ class ServiceSpec(BaseModel):
             return ServiceSpec.model_validate(values, context=self._context)
         except _Problem as problem:
             raise ServiceError(f"service {self.name}: {problem}") from None
+
+
+def check_unprivileged_port(port: int, allowed: bool, field: str = "port") -> None:
+    """A service's port is 1024 or above unless the service says ``allow_privileged_port: true`` (`_Problem`):
+    below 1024 the engine, an unprivileged user, cannot bind it without CAP_NET_BIND_SERVICE (capabilities(7)),
+    and it is a system daemon's (IANA System Ports, RFC 6335 section 6: ssh 22, http 80)."""
+    if port < FIRST_UNPRIVILEGED_PORT and not allowed:
+        raise _Problem(field, f"{port} is a privileged port (below {FIRST_UNPRIVILEGED_PORT}: only root or "
+                              "CAP_NET_BIND_SERVICE binds it, and system daemons such as sshd on 22 use them); pick "
+                              f"a port from {FIRST_UNPRIVILEGED_PORT} to 65535, or set allow_privileged_port: true "
+                              "when the service is given that capability")
 
 
 def served_default(name: str) -> str:
@@ -770,13 +785,12 @@ def _check_npus(host: str, specs: Sequence[ServiceSpec], npu_count: int) -> None
 
 
 def _check_ports(host: str, specs: Sequence[ServiceSpec]) -> None:
-    owner: dict[int, str] = {}
+    # The services' part of the host's port table (dsctl.core.serving.host_ports adds sshd, multi-host heads and
+    # the gateway to it in validate_fleet).
+    table = PortTable(host, error=ServiceError)
     for index, spec in enumerate(specs):
+        width = spec.instances * PORTS_PER_INSTANCE[spec.engine]
         for instance in plan_instances(spec, [0] * spec.npus):
             for port in instance.ports:
-                if port in owner:
-                    width = spec.instances * PORTS_PER_INSTANCE[spec.engine]
-                    raise ServiceError(f"inventory: host {host}: {SERVICES_VAR}[{index}].port: port {port} of "
-                                       f"{instance.name} is also used by {owner[port]}; give each service its own "
-                                       f"port range ({spec.name} needs {width} from its port)")
-                owner[port] = instance.name
+                table.claim(port, f"{SERVICES_VAR}[{index}].port", instance.name,
+                            f"give each service its own port range ({spec.name} needs {width} from its port)")
