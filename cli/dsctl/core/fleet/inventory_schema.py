@@ -18,7 +18,6 @@ import difflib
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -27,6 +26,7 @@ from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.matrix import resolve_stack
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.http_url import parse_http_url
 from dsctl.core.network import hccn_plan
 from dsctl.core.network.hccn_plan import HostNetwork, NetworkPlan, NetworkPlanError
 from dsctl.core.serving import host_ports, multinode
@@ -61,9 +61,7 @@ class InventoryError(DsctlError):
 
 
 def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() for c in value):
-        raise ValueError("not an http(s) URL")
+    parse_http_url(value)  # the one URL parser (dsctl.core.http_url): port 0 refused, never read as the default
     return value
 
 
