@@ -59,6 +59,7 @@ from dsctl.core.serving.service import (
     Slug,
     check_env,
     check_unprivileged_port,
+    expert_parallel_problem,
     served_default,
 )
 from dsctl.core.serving.service_render import DEFAULT_CONFIG_DIR
@@ -189,10 +190,9 @@ class MultiNodeSpec(BaseModel):
         if self.enable_expert_parallel and self.engine == "mindie":
             raise _Problem("enable_expert_parallel", "a vllm-ascend flag: MindIE's expert layout lives in its "
                                                      "config.json, which dsctl does not render for MoE yet; remove it")
-        if self.enable_expert_parallel and not profile.is_moe:
-            raise _Problem("enable_expert_parallel", f"{profile.name} is a dense model (no routed experts in "
-                                                     "dsctl/data/profiles.yaml): there are no experts to shard; "
-                                                     "remove enable_expert_parallel")
+        dense = expert_parallel_problem(profile) if self.enable_expert_parallel else None
+        if dense:
+            raise _Problem("enable_expert_parallel", dense)  # the single-host rule (service.expert_parallel_problem)
         refused = perfmodel.parallel_problem(profile, tp, self.dp, self.enable_expert_parallel)
         if refused:
             raise _Problem("tensor_parallel_size", f"vLLM refuses tensor_parallel_size {tp} x data_parallel_size "
