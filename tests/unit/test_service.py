@@ -204,8 +204,8 @@ def test_a_service_env_takes_the_field_guides_memory_env_by_the_host_envs_rules(
          "dsctl_services[0].params.additional_config: not a parameter: write its keys directly under params, e.g. "
          "params.multistream_overlap_shared_expert: true"),
         (chat(params={"max_num_seqs": "many"}),
-         "dsctl_services[0].params.max_num_seqs: expected an integer from 1 to 1048576, got 'many'; fix it in group_vars or "
-         "host_vars"),
+         "dsctl_services[0].params.max_num_seqs: expected an integer from 1 to 1048576, got 'many'; fix it in "
+         "group_vars or host_vars"),
         (chat(params={"gpu_memory_utilization": 1.5}),
          "dsctl_services[0].params.gpu_memory_utilization: expected a number > 0.0 and <= 1.0, got 1.5; fix it in "
          "group_vars or host_vars"),

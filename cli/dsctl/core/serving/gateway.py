@@ -64,7 +64,6 @@ GATEWAY_GROUP = "gateway"
 CONTROLLER = "controller"
 UP, DRAINED = "up", "drained"
 FIX = "fix it in group_vars or host_vars"
-_LOOPBACK = ("127.0.0.1", "::1")
 _WILDCARD = ("0.0.0.0", "::")
 
 
@@ -384,10 +383,13 @@ def member_ids(value: Any, field: str) -> list[str]:
 def _address(host: FleetHost, spec: Any, target: GatewayTarget, route_index: int) -> str:
     if spec.bind in _WILDCARD:
         return host.address
-    if spec.bind in _LOOPBACK and not (not target.on_controller and target.name == host.name):
-        raise GatewayError(f"inventory: host {host.name}: dsctl_services: service {spec.name} binds {spec.bind}, so "
-                           f"the gateway on {target.name} ({GATEWAY_VAR}.services[{route_index}]) cannot reach it; "
-                           "set its bind to 0.0.0.0 or to an address the gateway reaches")
+    # The whole of 127.0.0.0/8 and ::1 stay on their host (RFC 1122 section 3.2.1.3), not just 127.0.0.1.
+    if ipaddress.ip_address(spec.bind).is_loopback and not (not target.on_controller and target.name == host.name):
+        field = dict(host.service_fields).get(spec.name, "dsctl_services")
+        raise GatewayError(f"inventory: host {host.name}: {field}.bind: service {spec.name} binds {spec.bind}, so "
+                           f"the gateway on {target.name} ({GATEWAY_VAR}.services[{route_index}]) cannot reach it "
+                           "(a loopback address stays on its host); set its bind to 0.0.0.0 or to an address the "
+                           "gateway reaches, or run the gateway on that host")
     return spec.bind
 
 
@@ -476,8 +478,7 @@ def _check_ports(target: GatewayTarget, fleet: Sequence[FleetHost]) -> None:
     host = next((host for host in fleet if host.name == target.name), None)
     if host is None:
         table = PortTable(target.name)
-        table.claim(target.ssh_port, host_ports.SSH_VAR, f"sshd ({host_ports.SSH_VAR}, 22 unless set)",
-                    host_ports.FIX)
+        table.claim(target.ssh_port, host_ports.SSH_VAR, "sshd", host_ports.FIX)
     else:
         table = host_ports.host_table(host.name, services=host.services, npu_count=host.npu_count,
                                       heads=host.heads, ssh=host.ssh_port, fields=dict(host.service_fields))

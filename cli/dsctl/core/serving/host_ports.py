@@ -44,7 +44,7 @@ def host_table(host: str, *, services: Sequence[ServiceSpec], npu_count: int,
     `PortClash` (exit 3) names the later user's field and the earlier user."""
     fields = fields or {}
     table = PortTable(host)
-    table.claim(ssh, SSH_VAR, f"sshd ({SSH_VAR}, 22 unless set)", FIX)
+    table.claim(ssh, SSH_VAR, "sshd", FIX)  # ansible_port, 22 unless set
     for instance in plan_host(services, npu_count):
         field = fields.get(instance.service, f"{SERVICES_VAR} (service {instance.service})")
         for port in instance.ports:
