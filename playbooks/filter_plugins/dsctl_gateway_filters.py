@@ -56,8 +56,10 @@ def gateway_targets(groups, hostvars) -> list[dict]:
 def _fleet(groups, hostvars) -> list:
     names = list(groups.get(FLEET_GROUP, []))
     settings = inventory_schema.validate_fleet({name: _dsctl_vars(hostvars[name]) for name in names})
-    return gateway.fleet_hosts({name: {"ansible_host": hostvars[name].get("ansible_host", name)} for name in names},
-                               settings)
+    return gateway.fleet_hosts({name: {"ansible_host": hostvars[name].get("ansible_host", name),
+                                       "ansible_port": plain(hostvars[name].get("ansible_port")),
+                                       "dsctl_services": plain(hostvars[name].get("dsctl_services"))}
+                                for name in names}, settings)
 
 
 def gateway_plan(name, groups, hostvars, drained_state="", drain=None, undrain=None, nginx="/usr/sbin/nginx") -> dict:

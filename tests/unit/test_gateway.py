@@ -11,6 +11,7 @@ import pytest
 from dsctl.core.serving import gateway
 from dsctl.core.serving.gateway import FleetHost, GatewayError, gateway_targets, plan_gateway, validate_gateway
 from dsctl.core.serving.service import validate_services
+from dsctl.errors import DsctlError
 
 
 def services(*entries: dict) -> tuple:
@@ -131,7 +132,7 @@ def test_an_instance_bound_to_loopback_cannot_be_reached_from_another_host():
 def test_a_gateway_on_a_fleet_host_may_not_take_an_instance_port():
     on_host = gateway_targets({"lab-01": {"dsctl_gateway": {"services": [{"service": "chat", "port": 8001}]}}},
                               {})[0]
-    with pytest.raises(GatewayError, match="port 8001 is also the port of instance chat-1 on this host"):
+    with pytest.raises(DsctlError, match="port 8001 of the gateway.s chat is also used by instance chat-1"):
         plan_gateway(on_host, fleet())
 
 

@@ -204,8 +204,8 @@ def test_a_service_env_takes_the_field_guides_memory_env_by_the_host_envs_rules(
          "dsctl_services[0].params.additional_config: not a parameter: write its keys directly under params, e.g. "
          "params.multistream_overlap_shared_expert: true"),
         (chat(params={"max_num_seqs": "many"}),
-         "dsctl_services[0].params.max_num_seqs: expected an integer >= 1, got 'many'; fix it in group_vars or "
-         "host_vars"),
+         "dsctl_services[0].params.max_num_seqs: expected an integer from 1 to 1048576, got 'many'; fix it in "
+         "group_vars or host_vars"),
         (chat(params={"gpu_memory_utilization": 1.5}),
          "dsctl_services[0].params.gpu_memory_utilization: expected a number > 0.0 and <= 1.0, got 1.5; fix it in "
          "group_vars or host_vars"),
@@ -439,11 +439,12 @@ def test_duplicate_ports_across_services():
     services = [chat(npus_per_instance=2, instances=2), {**CHAT, "name": "embed", "npus_per_instance": 2,
                                                          "port": 8001}]
     assert problem(services) == (
-        f"inventory: host {HOST}: dsctl_services[1].port: port 8001 of embed-0 is also used by chat-1; give each "
-        "service its own port range (embed needs 1 from its port)")
+        f"inventory: host {HOST}: dsctl_services[1].port: port 8001 of embed-0 is also used by chat-1 "
+        "(dsctl_services[0].port); give each service its own port range (embed needs 1 from its port)")
     mindie = {"name": "mi", "engine": "mindie", "model": "/models/qwen", "npus_per_instance": 2, "port": 7999,
               "allow_unauthenticated": True}
-    assert "port 8000 of mi-0 is also used by chat-0" in problem([chat(npus_per_instance=2), mindie])
+    assert "port 8000 of mi-0 is also used by chat-0 (dsctl_services[0].port)" in problem([chat(npus_per_instance=2),
+                                                                                           mindie])
 
 
 def test_duplicate_service_names():

@@ -10,8 +10,8 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
+from dsctl.core.http_url import parse_http_url
 from dsctl.errors import DsctlError
 
 MAX_PROMPTS = 64
@@ -22,14 +22,15 @@ def greedy_outputs(url: str, model: str, prompts: Sequence[str], *, max_tokens: 
     """The text each prompt gets with temperature 0 (``/v1/completions``); DsctlError on any failed request."""
     if len(prompts) > MAX_PROMPTS:
         raise ValueError(f"at most {MAX_PROMPTS} prompts per quality check, got {len(prompts)}")
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"expected an http://HOST:PORT URL, got {url!r}")
+    try:
+        parts = parse_http_url(url, schemes=("http",))  # the one URL parser: port 0 is refused, never port 80
+    except ValueError as invalid:
+        raise ValueError(f"URL {url!r}: {invalid}") from None
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     outputs: list[str] = []
-    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    connection = http.client.HTTPConnection(parts.host, parts.port, timeout=timeout)
     try:
         for prompt in prompts:
             body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,

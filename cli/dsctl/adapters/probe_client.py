@@ -49,8 +49,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
+from dsctl.core.http_url import parse_http_url
 from dsctl.core.load import limits
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord
 
@@ -91,17 +91,13 @@ class Target:
 
     @classmethod
     def parse(cls, url: str) -> Target:
-        text = url if "://" in url else f"http://{url}"
-        parts = urlsplit(text)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
         try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise ValueError(f"URL {url!r}: bad port") from None
-        base = parts.path.rstrip("/")
+            parsed = parse_http_url(url, default_scheme="http")  # the one URL parser (port 0 refused, not 80)
+        except ValueError as invalid:
+            raise ValueError(f"URL {url!r}: {invalid}") from None
+        base = parsed.path.rstrip("/")
         base = base.removesuffix("/v1")
-        return cls(parts.scheme, parts.hostname, port, base)
+        return cls(parsed.scheme, parsed.host, parsed.port, base)
 
     @property
     def url(self) -> str:

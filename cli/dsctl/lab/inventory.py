@@ -33,7 +33,8 @@ def demo_service(npus: int) -> dict[str, Any]:
     It is what a site would declare for real vllm-ascend (the model path is where a site keeps weights);
     on the lab the serving venv's stand-in vllm is dsctl's emulated engine, which needs no weights.
     """
-    per_instance = 4 if npus >= 4 else npus
+    # TP 1, 2 or 4: the sizes that split the model's 28 attention heads and 4 KV heads (deploy refuses 3).
+    per_instance = max(size for size in (1, 2, 4) if size <= npus)
     return {
         "name": "chat",
         "engine": "vllm-ascend",

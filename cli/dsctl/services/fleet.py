@@ -47,8 +47,14 @@ class Fleet:
                      fleet_vars=self.fleet_vars, gateway_vars=self.gateway_vars)
 
     def check_gateways(self) -> None:
-        """Every gateway valid and fronting services the fleet runs (GatewayError, one line, exit 2)."""
-        gateway.check_gateways(self.gateway_vars, self.fleet_vars or self.hostvars)
+        """Every gateway valid, fronting services the fleet runs, able to reach them and on ports of its own (one
+        line, exit 2 or 3): planned as the gateway play plans it, over every host of the fleet."""
+        fleet_vars = self.fleet_vars or self.hostvars
+        settings: Mapping[str, HostSettings] | None = self.settings
+        if any(host not in self.settings for host in fleet_vars):  # --limit: the gateway fronts the whole fleet
+            declared = self.gateway_vars or any(values.get(gateway.ON_CONTROLLER_VAR) for values in fleet_vars.values())
+            settings = inventory_schema.validate_fleet(fleet_vars) if declared else None
+        gateway.check_gateways(self.gateway_vars, fleet_vars, settings)
 
     def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
              only: Collection[str] | None = None, groups: list[Any] | None = None) -> dict[str, Any]:

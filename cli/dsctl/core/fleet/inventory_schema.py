@@ -18,7 +18,6 @@ import difflib
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -27,9 +26,10 @@ from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.matrix import resolve_stack
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.http_url import parse_http_url
 from dsctl.core.network import hccn_plan
 from dsctl.core.network.hccn_plan import HostNetwork, NetworkPlan, NetworkPlanError
-from dsctl.core.serving import multinode
+from dsctl.core.serving import host_ports, multinode
 from dsctl.core.serving.gateway import GatewaySpec, check_gateway
 from dsctl.core.serving.multinode import HostGroup, MultiNodeError, MultiNodeSpec
 
@@ -63,9 +63,7 @@ class InventoryError(DsctlError):
 
 
 def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() for c in value):
-        raise ValueError("not an http(s) URL")
+    parse_http_url(value)  # the one URL parser (dsctl.core.http_url): port 0 refused, never read as the default
     return value
 
 
@@ -463,6 +461,20 @@ def _host_groups(fleet: Mapping[str, Mapping[str, Any]], settled: Mapping[str, H
         raise InventoryError(f"inventory: dsctl_services: {problem}", problem.exit_status) from None
 
 
+def _check_host_ports(host: str, hostvars: Mapping[str, Any], settings: HostSettings,
+                      groups: tuple[HostGroup, ...]) -> None:
+    """Every port the host listens on (sshd, its instances, the multi-host instances it heads) used once."""
+    specs = {spec.name: spec for spec in settings.multi_host_services}
+    heads = [(group.name, specs[group.service]) for group in groups
+             if group.hosts[0] == host and group.service in specs]
+    try:
+        host_ports.host_table(host, services=settings.services, npu_count=settings.dsctl_npu_count, heads=heads,
+                              ssh=host_ports.ssh_port(hostvars),
+                              fields=host_ports.service_fields(hostvars.get("dsctl_services")))
+    except DsctlError as clash:
+        raise InventoryError(str(clash), clash.exit_status) from None
+
+
 def _without_host(problem: DsctlError, host: str) -> str:
     return str(problem).removeprefix(f"inventory: host {host}: ")
 
@@ -508,6 +520,9 @@ def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *, releases: Mapping 
         everyone = fleet if fleet is not None else hosts
         network = fleet_network(everyone)
         groups = _host_groups(everyone, settled, network)
+        raw = {str(host): values for host, values in hosts.items()}
+        for host, settings in settled.items():
+            _check_host_ports(host, raw[host], settings, groups)
         return {host: settings.model_copy(update={"npu_addresses": network.host(host) if host in network else None,
                                                   "network_plan": network, "host_groups": groups})
                 for host, settings in settled.items()}

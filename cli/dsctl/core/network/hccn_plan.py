@@ -97,11 +97,32 @@ class _Invalid(ValueError):
         self.fix = fix
 
 
+# Addresses that never reach another host's NPU (RFC 6890's special-purpose registry, as ipaddress names them):
+# an NPU's RoCE address, gateway or detection peer, and every address of an NPU subnet, is none of them.
+_SPECIAL = (("loopback", "is_loopback"), ("multicast", "is_multicast"), ("unspecified", "is_unspecified"),
+            ("link-local", "is_link_local"), ("reserved", "is_reserved"))
+# 0.0.0.0/8 is "this network" (RFC 1122 section 3.2.1.3): a source address only, never a host's.
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
+# A subnet or netmask shorter than /8 spans more than the largest private block (10.0.0.0/8, RFC 1918).
+_SHORTEST_PREFIX = 8
+
+
+def _special(address: ipaddress.IPv4Address) -> str | None:
+    if address in _THIS_NETWORK:
+        return "unspecified (0.0.0.0/8, \"this network\")"
+    return next((words for words, attribute in _SPECIAL if getattr(address, attribute)), None)
+
+
 def _ipv4(value: str) -> str:
     try:
-        return str(ipaddress.IPv4Address(value))
+        address = ipaddress.IPv4Address(value)
     except ValueError:
         raise _Invalid("expected an IPv4 address such as 10.20.0.2") from None
+    kind = _special(address)
+    if kind:
+        raise _Invalid(f"expected a unicast address other hosts reach ({address} is {kind})",
+                       "use an address of the NPU network's private subnet (such as 10.20.0.2)")
+    return str(address)
 
 
 def _subnet(value: str) -> str:
@@ -120,15 +141,34 @@ def _subnet(value: str) -> str:
         raise _Invalid(cidr, f"add the prefix length: {value}/24 for a /24")
     if network.prefixlen > 30:
         raise _Invalid("expected a subnet of /30 or larger (a /31 or /32 leaves no address for NPUs and a peer)")
+    _check_routable(network)
     return str(network)
+
+
+def _check_routable(network: ipaddress.IPv4Network) -> None:
+    """A subnet whose first or last address is special overlaps a special block (the blocks are aligned, and the
+    subnet is not shorter than /8): loopback, multicast, unspecified, link-local or reserved."""
+    if network.prefixlen < _SHORTEST_PREFIX:
+        raise _Invalid(f"expected a subnet of /{_SHORTEST_PREFIX} or longer (a shorter one spans more than the "
+                       "largest private block, 10.0.0.0/8, RFC 1918)")
+    for address in (network.network_address, network.broadcast_address):
+        kind = _special(address)
+        if kind:
+            raise _Invalid(f"expected a subnet of unicast addresses other hosts reach ({address} is {kind})",
+                           "use a private subnet (RFC 1918) such as 10.20.0.0/24")
 
 
 def _netmask(value: str) -> str:
     try:
         ipaddress.IPv4Address(value)
-        return str(ipaddress.IPv4Network(f"0.0.0.0/{value}").netmask)
+        network = ipaddress.IPv4Network(f"0.0.0.0/{value}")
     except ValueError:
         raise _Invalid("expected a contiguous IPv4 netmask such as 255.255.255.0") from None
+    # As for a subnet: /8 (255.0.0.0) to /30 (255.255.255.252); 0.0.0.0 would put every IPv4 address on the link.
+    if not _SHORTEST_PREFIX <= network.prefixlen <= 30:
+        raise _Invalid(f"expected a netmask from 255.0.0.0 (/{_SHORTEST_PREFIX}) to 255.255.255.252 (/30): a shorter "
+                       "one puts addresses beyond the NPU network on its link, a longer one leaves none for a peer")
+    return str(network.netmask)
 
 
 IPv4 = Annotated[Text, AfterValidator(_ipv4)]

@@ -45,6 +45,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from dsctl.assets import asset_root
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir
+from dsctl.core.serving import host_ports
+from dsctl.core.serving.port_table import SSH_PORT, PortTable
 from dsctl.core.serving.service import (
     AccountName,
     BindAddress,
@@ -64,7 +66,6 @@ GATEWAY_GROUP = "gateway"
 CONTROLLER = "controller"
 UP, DRAINED = "up", "drained"
 FIX = "fix it in group_vars or host_vars"
-_LOOPBACK = ("127.0.0.1", "::1")
 _WILDCARD = ("0.0.0.0", "::")
 
 
@@ -263,6 +264,7 @@ class GatewayTarget:
     name: str
     spec: GatewaySpec
     on_controller: bool
+    ssh_port: int = SSH_PORT  # the gateway host's sshd (its ansible_port): the gateway may not listen there
 
 
 def gateway_targets(gateway_hosts: Mapping[str, Mapping[str, Any]],
@@ -275,7 +277,8 @@ def gateway_targets(gateway_hosts: Mapping[str, Mapping[str, Any]],
             raise GatewayError(f"inventory: host {host}: {GATEWAY_VAR}: host {host} is in group {GATEWAY_GROUP} "
                                f"but declares no gateway; set {GATEWAY_VAR} (services: [{{service, port}}]) "
                                f"for it or take it out of the group")
-        targets.append(GatewayTarget(str(host), validate_gateway(str(host), values[GATEWAY_VAR]), False))
+        targets.append(GatewayTarget(str(host), validate_gateway(str(host), values[GATEWAY_VAR]), False,
+                                     host_ports.ssh_port(values)))
     on_controller = {host: values for host, values in fleet_vars.items() if values.get(ON_CONTROLLER_VAR) is not None}
     for host, values in on_controller.items():
         if not isinstance(values[ON_CONTROLLER_VAR], bool):
@@ -311,6 +314,8 @@ class FleetHost:
     # The multi-host instances whose head this host is (instance name, its service): only a head serves the API,
     # so only heads are members (a headless worker has no port to balance to).
     heads: tuple[tuple[str, Any], ...] = ()
+    ssh_port: int = SSH_PORT
+    service_fields: tuple[tuple[str, str], ...] = ()  # service name -> dsctl_services[i] (host_ports.service_fields)
 
 
 @dataclass(frozen=True)
@@ -382,10 +387,13 @@ def member_ids(value: Any, field: str) -> list[str]:
 def _address(host: FleetHost, spec: Any, target: GatewayTarget, route_index: int) -> str:
     if spec.bind in _WILDCARD:
         return host.address
-    if spec.bind in _LOOPBACK and not (not target.on_controller and target.name == host.name):
-        raise GatewayError(f"inventory: host {host.name}: dsctl_services: service {spec.name} binds {spec.bind}, so "
-                           f"the gateway on {target.name} ({GATEWAY_VAR}.services[{route_index}]) cannot reach it; "
-                           "set its bind to 0.0.0.0 or to an address the gateway reaches")
+    # The whole of 127.0.0.0/8 and ::1 stay on their host (RFC 1122 section 3.2.1.3), not just 127.0.0.1.
+    if ipaddress.ip_address(spec.bind).is_loopback and not (not target.on_controller and target.name == host.name):
+        field = dict(host.service_fields).get(spec.name, "dsctl_services")
+        raise GatewayError(f"inventory: host {host.name}: {field}.bind: service {spec.name} binds {spec.bind}, so "
+                           f"the gateway on {target.name} ({GATEWAY_VAR}.services[{route_index}]) cannot reach it "
+                           "(a loopback address stays on its host); set its bind to 0.0.0.0 or to an address the "
+                           "gateway reaches, or run the gateway on that host")
     return spec.bind
 
 
@@ -444,11 +452,14 @@ def _unknown_service(target: GatewayTarget, index: int, name: str, known: Iterab
 
 
 def check_gateways(gateway_hosts: Mapping[str, Mapping[str, Any]], fleet_vars: Mapping[str, Mapping[str, Any]],
-                   ) -> list[GatewayTarget]:
+                   settings: Mapping[str, Any] | None = None) -> list[GatewayTarget]:
     """The planning-time check of every gateway (`gateway_targets`), and that each fronted service is a service
     of some host's dsctl_services: what the gateway play would refuse only after every instance rolled out.
 
-    ``fleet_vars`` are every host of the fleet (not just --limit's), so only service names are read of them."""
+    ``fleet_vars`` are every host of the fleet (not just --limit's), so only service names are read of them;
+    with ``settings`` (`validate_fleet`'s, for every host of ``fleet_vars``) each gateway is planned too, as the
+    gateway play plans it: an instance it cannot reach (bound to loopback on another host) and a port its host
+    already uses are refused here, before any host is contacted."""
     targets = gateway_targets(gateway_hosts, fleet_vars)
     known = {str(service.get("name")) for values in fleet_vars.values()
              for service in (values.get("dsctl_services") or []) if isinstance(service, Mapping)}
@@ -456,22 +467,28 @@ def check_gateways(gateway_hosts: Mapping[str, Mapping[str, Any]], fleet_vars: M
         for index, route in enumerate(target.spec.services):
             if route.service not in known:
                 raise _unknown_service(target, index, route.service, known)
+    if settings is not None:
+        fleet = fleet_hosts(fleet_vars, settings)
+        for target in targets:
+            plan_gateway(target, fleet)
     return targets
 
 
 def _check_ports(target: GatewayTarget, fleet: Sequence[FleetHost]) -> None:
-    """A gateway on a host of the fleet must not listen on a port an instance of that host listens on."""
+    """The gateway's ports join its host's port table (dsctl.core.serving.host_ports): sshd's, and on a host of
+    the fleet every instance's; a port used twice is refused naming both users."""
     if target.on_controller:
-        return
-    for host in fleet:
-        if host.name != target.name:
-            continue
-        used = {port: planned.name for planned in plan_host(host.services, host.npu_count) for port in planned.ports}
-        for index, route in enumerate(target.spec.services):
-            if route.port in used:
-                raise GatewayError(f"inventory: host {target.name}: {GATEWAY_VAR}.services[{index}].port: port "
-                                   f"{route.port} is also the port of instance {used[route.port]} on this host; "
-                                   "pick another port")
+        return  # the controller's ports are not the inventory's to know
+    host = next((host for host in fleet if host.name == target.name), None)
+    if host is None:
+        table = PortTable(target.name)
+        table.claim(target.ssh_port, host_ports.SSH_VAR, "sshd", host_ports.FIX)
+    else:
+        table = host_ports.host_table(host.name, services=host.services, npu_count=host.npu_count,
+                                      heads=host.heads, ssh=host.ssh_port, fields=dict(host.service_fields))
+    for index, route in enumerate(target.spec.services):
+        table.claim(route.port, f"{GATEWAY_VAR}.services[{index}].port", f"the gateway's {route.service}",
+                    "pick another port for the gateway")
 
 
 # --------------------------------------------------------------------------- the nginx configuration
@@ -567,7 +584,9 @@ def fleet_hosts(fleet_vars: Mapping[str, Mapping[str, Any]], settings: Mapping[s
     """The planner's view of the fleet: ``settings`` are `validate_fleet`'s (services, dsctl_npu_count), each
     host reached at its ``ansible_host`` (else its inventory name)."""
     return [FleetHost(str(name), str(values.get("ansible_host", name)), tuple(settings[name].services),
-                      int(settings[name].dsctl_npu_count), _heads(str(name), settings[name]))
+                      int(settings[name].dsctl_npu_count), _heads(str(name), settings[name]),
+                      host_ports.ssh_port(values),
+                      tuple(host_ports.service_fields(values.get("dsctl_services")).items()))
             for name, values in fleet_vars.items()]
 
 

@@ -46,6 +46,7 @@ from dsctl.core.perf import perfmodel
 from dsctl.core.perf.estimate import WEIGHT_FORMATS, estimate
 from dsctl.core.serving.service import (
     DEFAULT_PORT,
+    PORTS_PER_INSTANCE,
     AccountName,
     BindAddress,
     Count,
@@ -57,6 +58,8 @@ from dsctl.core.serving.service import (
     ServiceGroup,
     Slug,
     check_env,
+    check_unprivileged_port,
+    expert_parallel_problem,
     served_default,
 )
 from dsctl.core.serving.service_render import DEFAULT_CONFIG_DIR
@@ -120,6 +123,8 @@ class MultiNodeSpec(BaseModel):
                            Field(strict=True, min_length=1, description="a list of host lists, head first")] = None
     port: Annotated[Port | None, Field(description="a port 1..65535 (the head's API)")] = None
     data_parallel_rpc_port: Annotated[Port, Field(description="a port 1..65535")] = DEFAULT_DP_RPC_PORT
+    # As for a single-host service (service.check_unprivileged_port): a port below 1024 is asked for.
+    allow_privileged_port: Annotated[bool, Field(strict=True, description="true or false (unquoted)")] = False
     socket_ifname: Annotated[IfName | None, Field(description="a network interface name such as enp189s0f0")] = None
     max_model_len: Annotated[int | None, Field(strict=True, ge=2, le=1_048_576,
                                                description="an integer 2..1048576 (tokens)")] = None
@@ -170,6 +175,7 @@ class MultiNodeSpec(BaseModel):
         if not self.model.startswith("/"):
             raise _Problem("model", "every node of a multi-host instance loads the weights itself: give their "
                                     "absolute path (shared storage or a copy per node)")
+        self._check_ports()
         profile = self.model_profile
         local = self.data_parallel_size_local
         tp = self.tp
@@ -184,10 +190,9 @@ class MultiNodeSpec(BaseModel):
         if self.enable_expert_parallel and self.engine == "mindie":
             raise _Problem("enable_expert_parallel", "a vllm-ascend flag: MindIE's expert layout lives in its "
                                                      "config.json, which dsctl does not render for MoE yet; remove it")
-        if self.enable_expert_parallel and not profile.is_moe:
-            raise _Problem("enable_expert_parallel", f"{profile.name} is a dense model (no routed experts in "
-                                                     "dsctl/data/profiles.yaml): there are no experts to shard; "
-                                                     "remove enable_expert_parallel")
+        dense = expert_parallel_problem(profile) if self.enable_expert_parallel else None
+        if dense:
+            raise _Problem("enable_expert_parallel", dense)  # the single-host rule (service.expert_parallel_problem)
         refused = perfmodel.parallel_problem(profile, tp, self.dp, self.enable_expert_parallel)
         if refused:
             raise _Problem("tensor_parallel_size", f"vLLM refuses tensor_parallel_size {tp} x data_parallel_size "
@@ -195,7 +200,27 @@ class MultiNodeSpec(BaseModel):
                                                    "layout")
         return self
 
+    def _check_ports(self) -> None:
+        for name in ("port", "data_parallel_rpc_port"):
+            try:
+                check_unprivileged_port(getattr(self, name) or self.port_base, self.allow_privileged_port, name)
+            except ServiceError as refused:
+                raise _Problem(name, str(refused).removeprefix(f"{name}: ")) from None
+        api = self.api_ports
+        if self.data_parallel_rpc_port in api:
+            raise _Problem("data_parallel_rpc_port", f"{self.data_parallel_rpc_port} is also the head's API port"
+                                                     f"{'s' if len(api) > 1 else ''} ({', '.join(map(str, api))}); "
+                                                     "the head listens on both: give data_parallel_rpc_port its own "
+                                                     f"port (default {DEFAULT_DP_RPC_PORT})")
+        if api[-1] > 65535:
+            raise _Problem("port", f"the head needs ports up to {api[-1]}; pick a lower port")
+
     # ------------------------------------------------------------------ derived
+
+    @property
+    def api_ports(self) -> tuple[int, ...]:
+        """The ports the head serves on: the API port (and MindIE's managementPort and metricsPort after it)."""
+        return tuple(self.port_base + k for k in range(PORTS_PER_INSTANCE[self.engine]))
 
     @property
     def model_profile(self) -> perfmodel.Model:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import math
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,8 @@ from pydantic import (
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.versions import compare_versions
+from dsctl.core.perf import perfmodel
+from dsctl.core.serving.port_table import FIRST_UNPRIVILEGED_PORT, PortTable
 from dsctl.core.text import StatedProblem, Text, control_character, stated_problem
 from dsctl.errors import DsctlError, ExitStatus
 
@@ -250,6 +253,8 @@ def _float_value(entry: Mapping[str, Any], value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     number = float(value)
+    if not math.isfinite(number):  # YAML's .nan and .inf pass every comparison below one way or the other
+        return None
     if ("gt" in entry and number <= entry["gt"]) or ("ge" in entry and number < entry["ge"]) \
             or ("lt" in entry and number >= entry["lt"]) or ("le" in entry and number > entry["le"]):
         return None
@@ -475,6 +480,8 @@ class ServiceSpec(BaseModel):
     tensor_parallel_size: Annotated[Count | None, Field(description="an integer 1..16")] = None
     data_parallel_size: Annotated[Count, Field(description="an integer 1..16")] = 1
     port: Annotated[int | None, Field(strict=True, ge=1, le=65535, description="a port 1..65535")] = None
+    # A port below 1024 needs CAP_NET_BIND_SERVICE and is a system daemon's (ssh 22, http 80): asked for, not slipped.
+    allow_privileged_port: Annotated[bool, Field(strict=True, description="true or false (unquoted)")] = False
     bind: Annotated[BindAddress, Field(description="an IP address such as 0.0.0.0 or 127.0.0.1")] = "0.0.0.0"
     api_key: Annotated[SecretStr | None, Field(description=_API_KEY_WORDS)] = None
     # Serving without a key beyond loopback is a decision the inventory states, never a default.
@@ -547,7 +554,9 @@ class ServiceSpec(BaseModel):
                                   f"{tp * self.data_parallel_size}, but npus_per_instance is {self.npus_per_instance}; "
                                   "make tensor_parallel_size x data_parallel_size equal npus_per_instance")
         params = check_params(self.engine, self.params, vllm_ascend=version)
+        self._check_model_layout(tp, params, explicit)
         port = self.port if self.port is not None else DEFAULT_PORT[self.engine]
+        check_unprivileged_port(port, self.allow_privileged_port)
         last = port + self.instances * PORTS_PER_INSTANCE[self.engine] - 1
         if last > 65535:
             raise _Problem("port", f"{self.instances} instance(s) from port {port} need ports up to {last}; "
@@ -585,6 +594,24 @@ class ServiceSpec(BaseModel):
         if self.user == "root" and not container:
             raise _Problem("user", "root is refused: NPU services run as an unprivileged user in the HwHiAiUser "
                                    "group (default dsctl-serve)")
+
+    def _check_model_layout(self, tp: int, params: Mapping[str, Any], explicit: set[str]) -> None:
+        """Where dsctl knows the model (profiles.yaml), the layout the engine would refuse at start-up, refused now:
+        expert parallel on a dense model, a tensor-parallel size that does not split its attention (KV) heads."""
+        profile = known_model(self.model)
+        if profile is None:
+            return
+        expert_parallel = bool(params.get("enable_expert_parallel"))
+        dense = expert_parallel_problem(profile) if expert_parallel else None
+        if dense:
+            raise _Problem("params.enable_expert_parallel", dense)
+        refused = perfmodel.parallel_problem(profile, tp, self.data_parallel_size, expert_parallel)
+        if refused:
+            field = "tensor_parallel_size" if "tensor_parallel_size" in explicit else "npus_per_instance"
+            sizes = ", ".join(str(size) for size in tensor_parallel_sizes(profile))
+            raise _Problem(field, f"tensor_parallel_size {tp} cannot split {profile.name} (vLLM: "
+                                  f"{refused.rstrip('.')}); use a tensor_parallel_size of {sizes} (npus_per_instance "
+                                  "= tensor_parallel_size x data_parallel_size)")
 
     def _check_authentication(self) -> None:
         loopback = ipaddress.ip_address(self.bind).is_loopback  # 127.0.0.0/8, ::1
@@ -639,6 +666,42 @@ class ServiceSpec(BaseModel):
             return ServiceSpec.model_validate(values, context=self._context)
         except _Problem as problem:
             raise ServiceError(f"service {self.name}: {problem}") from None
+
+
+def known_model(model: str, profile: str | None = None) -> perfmodel.Model | None:
+    """dsctl's profile of a service's model (``profile``, else the model name or its path's last part, by name or
+    alias in dsctl/data/profiles.yaml), or None when dsctl does not know the model."""
+    for name in (profile, model, posixpath.basename(model.rstrip("/"))):
+        if name:
+            try:
+                return perfmodel.model_by_name(name)
+            except DsctlError:
+                continue
+    return None
+
+
+def expert_parallel_problem(profile: perfmodel.Model) -> str | None:
+    """Why ``enable_expert_parallel`` cannot apply to this model (a dense one), or None: single- and multi-host."""
+    if profile.is_moe:
+        return None
+    return (f"{profile.name} is a dense model (no routed experts in dsctl/data/profiles.yaml): there are no experts "
+            "to shard; remove enable_expert_parallel")
+
+
+def tensor_parallel_sizes(profile: perfmodel.Model, largest: int = 16) -> list[int]:
+    """The tensor-parallel sizes up to ``largest`` (16 NPUs per host) that split the model's heads and KV heads."""
+    return [size for size in range(1, largest + 1) if perfmodel.parallel_problem(profile, size) is None]
+
+
+def check_unprivileged_port(port: int, allowed: bool, field: str = "port") -> None:
+    """A service's port is 1024 or above unless the service says ``allow_privileged_port: true`` (`_Problem`):
+    below 1024 the engine, an unprivileged user, cannot bind it without CAP_NET_BIND_SERVICE (capabilities(7)),
+    and it is a system daemon's (IANA System Ports, RFC 6335 section 6: ssh 22, http 80)."""
+    if port < FIRST_UNPRIVILEGED_PORT and not allowed:
+        raise _Problem(field, f"{port} is a privileged port (below {FIRST_UNPRIVILEGED_PORT}: only root or "
+                              "CAP_NET_BIND_SERVICE binds it, and system daemons such as sshd on 22 use them); pick "
+                              f"a port from {FIRST_UNPRIVILEGED_PORT} to 65535, or set allow_privileged_port: true "
+                              "when the service is given that capability")
 
 
 def served_default(name: str) -> str:
@@ -835,13 +898,12 @@ def _check_npus(host: str, specs: Sequence[ServiceSpec], npu_count: int) -> None
 
 
 def _check_ports(host: str, specs: Sequence[ServiceSpec]) -> None:
-    owner: dict[int, str] = {}
+    # The services' part of the host's port table (dsctl.core.serving.host_ports adds sshd, multi-host heads and
+    # the gateway to it in validate_fleet).
+    table = PortTable(host, error=ServiceError)
     for index, spec in enumerate(specs):
+        width = spec.instances * PORTS_PER_INSTANCE[spec.engine]
         for instance in plan_instances(spec, [0] * spec.npus):
             for port in instance.ports:
-                if port in owner:
-                    width = spec.instances * PORTS_PER_INSTANCE[spec.engine]
-                    raise ServiceError(f"inventory: host {host}: {SERVICES_VAR}[{index}].port: port {port} of "
-                                       f"{instance.name} is also used by {owner[port]}; give each service its own "
-                                       f"port range ({spec.name} needs {width} from its port)")
-                owner[port] = instance.name
+                table.claim(port, f"{SERVICES_VAR}[{index}].port", instance.name,
+                            f"give each service its own port range ({spec.name} needs {width} from its port)")
