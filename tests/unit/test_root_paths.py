@@ -15,8 +15,8 @@ from dsctl.core.fleet.root_paths import (
     check_dir,
     check_env_file,
     check_file,
+    host_path_problem,
     path_clashes,
-    resolved_problem,
 )
 from dsctl.core.serving.gateway import GatewayError, validate_gateway
 from dsctl.core.serving.service import ServiceError, validate_service
@@ -183,13 +183,18 @@ def test_an_env_file_in_a_dsctl_directory_inside_a_system_tree_is_refused(path):
         check_env_file(path, action="overwrite it", example="/etc/profile.d/dsctl-ascend.sh")
 
 
-def test_the_host_resolved_path_is_judged_by_the_same_rule():
-    assert resolved_problem("dsctl_staging_dir", "/var/cache/dsctl/packages") == ""
-    problem = resolved_problem("dsctl_staging_dir", "/usr")
-    assert problem.startswith("dsctl_staging_dir: resolves on the host to '/usr' is a system directory")
-    assert problem.endswith("nothing was changed") and "\n" not in problem
-    assert "inside /proc" in resolved_problem("dsctl_env_file", "/proc/1/root/etc/dsctl/e.sh", kind="env_file")
-    assert "file the system owns" in resolved_problem("dsctl_gateway.pid_file", "/etc/passwd", kind="run_file")
+def test_the_path_the_host_resolves_is_judged_by_the_same_rule():
+    assert host_path_problem("dsctl_staging_dir", "/var/cache/dsctl/packages", "/var/cache/dsctl/packages") == ""
+    problem = host_path_problem("dsctl_staging_dir", "/opt/x/stage", "/usr/stage")
+    assert problem.startswith("dsctl_staging_dir: /opt/x/stage resolves on the host to /usr/stage, and '/usr/stage' is "
+                              "inside /usr")
+    assert "(nothing was changed). Fix: " in problem and "\n" not in problem
+    assert host_path_problem("dsctl_serving_venv", "/proc/self/root/usr", "/usr").startswith(
+        "dsctl_serving_venv: '/proc/self/root/usr' is inside /proc")  # the path as given is refused first
+    assert "inside /proc" in host_path_problem("dsctl_env_file", "/etc/dsctl/e.sh", "/proc/1/root/etc/dsctl/e.sh",
+                                               kind="env_file")
+    assert "file the system owns" in host_path_problem("dsctl_gateway.pid_file", "/run/dsctl-gw.pid", "/etc/passwd",
+                                                       kind="run_file")
 
 
 # --------------------------------------------------------------------------- which settings may not nest

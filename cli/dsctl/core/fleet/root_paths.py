@@ -20,8 +20,8 @@ where the path leads, not by its name:
   for the env file, /run for a pid file).
 
 The pure rule sees the path as written.  A symlink on the host (``/opt/x`` -> ``/usr``) is seen by the roles,
-which resolve each path on the host and hand the real path to the same rule (playbooks/filter_plugins'
-``dsctl_root_path_problem``) before anything destructive.
+which resolve each path on the host and hand the real path to the same rule (`host_path_problem`, through the
+filter ``dsctl_root_path_problems``; roles/ascend_preflight/tasks/root_paths.yml) before anything destructive.
 
 `path_clashes` is the other half: settings that are each fine but nest in or equal one another (the staging
 directory made 0700 while it is the serving venv, the log directory inside the config directory); CLASHES is the
@@ -210,21 +210,30 @@ def root_run_file(action: str, example: str):
     return lambda value: check_file(value, action=action, example=example, drop_in=RUN, dsctl_named=False)
 
 
-def resolved_problem(field: str, resolved: str, *, kind: str = "dir") -> str:
-    """The refusal of ``resolved``, a path as the host resolved it (realpath), for ``field``; "" if it passes.
+_HOST_CHECKS = {
+    "dir": lambda path, action: check_dir(path, action=action, example="/opt/dsctl/<name>"),
+    "env_file": lambda path, action: check_env_file(path, action=action, example="/etc/profile.d/dsctl-ascend.sh"),
+    "run_file": lambda path, action: check_file(path, action=action, example="/run/dsctl-gateway.pid", drop_in=RUN,
+                                                dsctl_named=False),
+}
+_ON_THE_HOST = "change it as root (nothing was changed)"
 
-    The roles' asserts call this (through the filter plugin) on the real path, so a symlink such as
-    /opt/x -> /usr or /proc/self/root/usr is judged where it leads.  ``kind``: dir, env_file, run_file."""
-    action = "use it as root"
+
+def host_path_problem(field: str, given: str, resolved: str, *, kind: str = "dir") -> str:
+    """The refusal of a path a role is about to change as root, "" if it passes: ``given`` as the role has it and
+    ``resolved`` as the host resolved it (realpath: every symlink followed, /proc/<pid>/root included), each by
+    the same rule as the inventory schema, so /opt/x -> /usr is judged where it leads.  ``kind``: dir, env_file
+    (`check_env_file`) or run_file (a pid file).  One line that starts with ``field``."""
+    check = _HOST_CHECKS[kind]
     try:
-        if kind == "env_file":
-            check_env_file(resolved, action=action, example="/etc/profile.d/dsctl-ascend.sh")
-        elif kind == "run_file":
-            check_file(resolved, action=action, example="/run/dsctl-gateway.pid", drop_in=RUN, dsctl_named=False)
-        else:
-            check_dir(resolved, action=action, example="/opt/dsctl/<name>")
+        check(given, _ON_THE_HOST)
     except RootPathRefused as refused:
-        return f"{field}: resolves on the host to {refused}; nothing was changed"
+        return f"{field}: {refused}"
+    if resolved != given:
+        try:
+            check(resolved, _ON_THE_HOST)
+        except RootPathRefused as refused:
+            return f"{field}: {given} resolves on the host to {resolved}, and {refused}"
     return ""
 
 
