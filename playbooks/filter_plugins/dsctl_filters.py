@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 
 try:
     from dsctl.adapters.ansible_values import plain as _plain
-    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, sha256sums, wheel_lock
+    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, root_paths, sha256sums, wheel_lock
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate, platform
     from dsctl.core.network import hccn_plan, hccn_state
@@ -100,6 +100,23 @@ def host_settings(host_vars) -> dict:
         return host_plan.host_settings(name, _plain(_dsctl_vars(host_vars)))
     except DsctlError as problem:
         raise AnsibleFilterError(str(problem)) from None
+
+
+def root_path_problems(paths, resolved) -> list[str]:
+    """The refusals of the paths a role is about to change as root ([] when all pass): ``paths`` a list of
+    {field, path (one path or a list), kind (dir, env_file, run_file; default dir)}, ``resolved`` the host's
+    realpath of each path, in order (dsctl.core.fleet.root_paths.host_path_problem: the inventory schema's rule, on
+    the path as given and as the host resolves it)."""
+    _require_core()
+    given = [(str(item["field"]), str(path), str(item.get("kind") or "dir"))
+             for item in paths
+             for path in (item["path"] if isinstance(item["path"], list) else [item["path"]])]
+    resolved = [str(line) for line in resolved]
+    if len(given) != len(resolved):
+        raise AnsibleFilterError(f"dsctl_root_path_problems: {len(given)} paths but {len(resolved)} resolved")
+    problems = [root_paths.host_path_problem(field, path, real, kind=kind)
+                for (field, path, kind), real in zip(given, resolved, strict=True)]
+    return [problem for problem in problems if problem]
 
 
 def parse_sha256sums(text) -> dict:
@@ -347,6 +364,7 @@ class FilterModule:
             "dsctl_fleet_problems": fleet_problems,
             "dsctl_desired_stack": desired_stack,
             "dsctl_host_settings": host_settings,
+            "dsctl_root_path_problems": root_path_problems,
             "dsctl_parse_sha256sums": parse_sha256sums,
             "dsctl_pip_requirements": pip_requirements,
             "dsctl_pin_drift": pin_drift,

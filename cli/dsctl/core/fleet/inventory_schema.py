@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from dsctl import data
 from dsctl.core.fleet import ascend_env
 from dsctl.core.fleet.matrix import resolve_stack
-from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
+from dsctl.core.fleet.root_paths import RootPathRefused, check_clashes, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.core.http_url import parse_http_url
 from dsctl.core.network import hccn_plan
@@ -119,6 +119,11 @@ class PinMissing(ValueError):
 
 Sha256 = Annotated[Text, AfterValidator(_sha256)]
 _SHA256 = "a sha256 digest (64 hex digits: sha256sum SHA256SUMS)"
+
+
+# The host paths a role removes, replaces, chmods or writes as root (root_paths.CLASHES pairs them).
+_ROOT_PATHS = ("dsctl_install_path", "dsctl_serving_venv", "dsctl_staging_dir", "dsctl_env_file",
+               "dsctl_service_config_dir", "dsctl_service_log_dir")
 
 
 class HostSettings(BaseModel):
@@ -219,6 +224,13 @@ class HostSettings(BaseModel):
                             ("dsctl_wheelhouse", "dsctl_wheelhouse_manifest_sha256")):
             if str(getattr(self, source) or "").lower().startswith("http://") and getattr(self, pin) is None:
                 raise PinMissing(source, pin)
+        return self
+
+    @model_validator(mode="after")
+    def _apart(self) -> HostSettings:
+        # Each path is a place of dsctl's own on its own; root_paths.CLASHES says which may not nest or coincide
+        # (a PathClash, exit 3, naming both settings).
+        check_clashes({field: getattr(self, field) for field in _ROOT_PATHS})
         return self
 
     # Not an inventory variable: validate_fleet attaches the resolved stack here.  validate_host_vars only

@@ -44,7 +44,7 @@ import jinja2
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsctl.assets import asset_root
-from dsctl.core.fleet.root_paths import RootPathRefused, root_dir
+from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_run_file
 from dsctl.core.serving import host_ports
 from dsctl.core.serving.port_table import SSH_PORT, PortTable
 from dsctl.core.serving.service import (
@@ -143,7 +143,10 @@ class GatewaySpec(BaseModel):
                          Field(description=_PATH)] = "/var/lib/dsctl-gateway"
     log_dir: Annotated[AbsolutePath, AfterValidator(root_dir("make it root's (mode 0755)", "/var/log/dsctl")),
                        Field(description=_PATH)] = "/var/log/dsctl"
-    pid_file: Annotated[AbsolutePath, Field(description=_PATH)] = "/run/dsctl-gateway.pid"
+    # nginx's master writes its pid here as root: /run/dsctl* or a directory of dsctl's own, never /etc/passwd.
+    pid_file: Annotated[AbsolutePath, AfterValidator(root_run_file("write nginx's pid into it as root",
+                                                                   "/run/dsctl-gateway.pid")),
+                        Field(description=_PATH)] = "/run/dsctl-gateway.pid"
 
     @field_validator("worker_user")
     @classmethod

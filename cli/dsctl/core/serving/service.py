@@ -49,6 +49,7 @@ from pydantic import (
 
 from dsctl import data
 from dsctl.core.fleet import ascend_env
+from dsctl.core.fleet.root_paths import RootPathRefused, root_dir
 from dsctl.core.fleet.versions import compare_versions
 from dsctl.core.perf import perfmodel
 from dsctl.core.serving.port_table import FIRST_UNPRIVILEGED_PORT, PortTable
@@ -446,6 +447,12 @@ def _image(value: str) -> str:
     return value
 
 
+_cache_root_dir = root_dir("mount it read-write into the container", "/var/cache/dsctl/<service>")
+
+
+def _cache_dir(value: str | None) -> str | None:
+    return None if value is None else _cache_root_dir(value)
+
 Slug = Annotated[Text, AfterValidator(_slug)]
 ModelRef = Annotated[Text, AfterValidator(_model_ref)]
 ServedName = Annotated[Text, AfterValidator(_served)]
@@ -498,7 +505,9 @@ class ServiceSpec(BaseModel):
     container_runtime: Annotated[Literal["docker", "podman"], Field(description="docker or podman")] = "docker"
     # A host directory mounted read-write at the container's /root/.cache (compile and download caches); without
     # it the container keeps its caches to itself and nothing of the host is writable from inside.
-    container_cache: Annotated[SafePath | None, Field(description=SAFE_PATH_WORDS)] = None
+    # The same rule as every path dsctl gives root (dsctl.core.fleet.root_paths): a container that can write /, /etc
+    # or /var/run/docker.sock owns the host.
+    container_cache: Annotated[SafePath | None, AfterValidator(_cache_dir), Field(description=SAFE_PATH_WORDS)] = None
     venv: Annotated[SafePath | None, Field(description=SAFE_PATH_WORDS)] = None
     time_scale: Annotated[float | None, Field(strict=True, gt=0, description="a number > 0")] = None
 
@@ -814,6 +823,8 @@ def _pydantic_problem(error: Mapping[str, Any]) -> str:
         return f"{field}: unknown service setting; {hint}"
     if error["type"] == "missing":
         return f"{field}: required but not set ({expected}); add it to the service"
+    if isinstance((error.get("ctx") or {}).get("error"), RootPathRefused):
+        return f"{field}: {error['ctx']['error']}"
     if top == "api_key":  # never echo a secret, not even a malformed one
         return f"{field}: expected {expected} (the value is not shown); {FIX}"
     if stated_problem(error):
