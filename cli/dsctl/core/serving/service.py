@@ -453,6 +453,7 @@ _cache_root_dir = root_dir("mount it read-write into the container", "/var/cache
 def _cache_dir(value: str | None) -> str | None:
     return None if value is None else _cache_root_dir(value)
 
+
 Slug = Annotated[Text, AfterValidator(_slug)]
 ModelRef = Annotated[Text, AfterValidator(_model_ref)]
 ServedName = Annotated[Text, AfterValidator(_served)]
