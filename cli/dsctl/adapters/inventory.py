@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.assets import asset_root
-from dsctl.core.fleet import yaml_bounds
+from dsctl.core.fleet import host_names, yaml_bounds
 from dsctl.errors import DsctlError, UsageError
 
 NPU_GROUP = "npu_nodes"
@@ -165,8 +165,17 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         # name (Ansible would take a group's hosts too); anything else goes to Ansible's own pattern matching.
         hosts, groups, group_names = _read(inventory, {**request, "limit": None}, files)
         if all(name in hosts and name not in group_names for name in names):
-            return {host: values for host, values in hosts.items() if host in names}, groups
+            return _named_safely({host: values for host, values in hosts.items() if host in names}, groups)
     hosts, groups, _ = _read(inventory, request, files)
+    return _named_safely(hosts, groups)
+
+
+def _named_safely(hosts: HostsVars, groups: dict[str, HostsVars]) -> tuple[HostsVars, dict[str, HostsVars]]:
+    """The read, once every host name in it is one dsctl accepts (`dsctl.core.fleet.host_names`): before anything
+    is rendered, written under a host's name or contacted."""
+    problem = host_names.first_bad_host_name([*hosts, *(host for members in groups.values() for host in members)])
+    if problem is not None:
+        raise UsageError(f"inventory: {problem}")
     return hosts, groups
 
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsctl import data
-from dsctl.core.fleet import ascend_env
+from dsctl.core.fleet import ascend_env, host_names
 from dsctl.core.fleet.matrix import resolve_stack
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
@@ -461,6 +461,10 @@ def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *, releases: Mapping 
     for an incompatible stack or an NPU network plan that cannot work.
     """
     releases = data.load("releases") if releases is None else releases
+    # The roles call this too (plain ansible-playbook): a host name dsctl would misuse is refused there as well.
+    bad_name = host_names.first_bad_host_name([str(host) for host in (*hosts, *(fleet or {}))])
+    if bad_name is not None:
+        raise InventoryError(f"inventory: {bad_name}")
     stacks: dict[tuple, DesiredStack] = {}
     settled: dict[str, HostSettings] = {}
     problems: dict[str, DsctlError] = {}
