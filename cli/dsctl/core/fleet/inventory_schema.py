@@ -24,9 +24,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from dsctl import data
 from dsctl.core.fleet import ascend_env, host_names
-from dsctl.core.fleet.matrix import resolve_stack
+from dsctl.core.fleet.matrix import NO_SERVING, resolve_stack
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.fleet.versions import version_text
 from dsctl.core.network import hccn_plan
 from dsctl.core.network.hccn_plan import HostNetwork, NetworkPlan, NetworkPlanError
 from dsctl.core.serving import multinode
@@ -93,10 +94,20 @@ def _root_dir(action: str, example: str) -> Any:
 PathOrUrl = Annotated[Text, AfterValidator(_path_or_url)]
 HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 OneLine = Annotated[Text, AfterValidator(_one_line)]
-Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line)]
+# One version grammar for every version setting (dsctl.core.fleet.versions.VERSION_TEXT); the vllm-ascend one
+# may also say "none" (no serving stack, dsctl.core.fleet.matrix.NO_SERVING).
+Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line), AfterValidator(version_text)]
+
+
+def _serving_version(value: str) -> str:
+    return value if value.lower() == NO_SERVING else version_text(value)
+
+
+ServingVersion = Annotated[Text, Field(min_length=1), AfterValidator(_one_line), AfterValidator(_serving_version)]
 Flag = Annotated[bool, Field(strict=True)]
 
 _VERSION = "a quoted version string"
+_KERNEL_VERSION = 'a quoted kernel version such as "5.10"'
 _PATH_OR_URL = f"{SAFE_PATH_WORDS} or an http(s):// URL"
 _FLAG = "true or false (unquoted)"
 
@@ -137,7 +148,7 @@ class HostSettings(BaseModel):
     dsctl_driver_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_firmware_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_cann_version: Annotated[Version | None, Field(description=_VERSION)] = None
-    dsctl_vllm_ascend_version: Annotated[Version | None, Field(description=f"{_VERSION} or none")] = None
+    dsctl_vllm_ascend_version: Annotated[ServingVersion | None, Field(description=f"{_VERSION} or none")] = None
     dsctl_install_path: _root_dir("install CANN into it and remove old versions there", "/usr/local/Ascend") = \
         "/usr/local/Ascend"
     dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
@@ -147,7 +158,7 @@ class HostSettings(BaseModel):
     dsctl_min_free_disk_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 200
     # --- interpreters and OS (dsctl.core.hostfacts.platform; checked in preflight and by check --ready)
     dsctl_min_memory_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 64
-    dsctl_min_kernel_version: Annotated[Version, Field(description="a quoted kernel version such as \"5.10\"")] = "5.10"
+    dsctl_min_kernel_version: Annotated[Version, Field(description=_KERNEL_VERSION)] = "5.10"
     # The interpreter the serving venv is made from; its version must be in the vllm-ascend row's range.
     dsctl_serving_python: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/usr/bin/python3"
     # OS families no Ascend table lists that this site accepts anyway (the lab: debian).
@@ -320,7 +331,7 @@ def _problem(error: Mapping[str, Any]) -> str:
     if error["type"] == "missing":
         return f"{field}: required but not set ({expected}); add it to group_vars or host_vars"
     value = error.get("input")
-    if expected == _VERSION or expected.startswith(_VERSION):
+    if expected.startswith((_VERSION, _KERNEL_VERSION)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             # YAML read 24.1 as a number: quote it, or "8.10" becomes 8.1.
             return f'{field}: expected {expected}, got the number {value}; quote it: {field}: "{value}"'
