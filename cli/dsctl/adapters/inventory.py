@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.assets import asset_root
-from dsctl.core.fleet import host_names, yaml_bounds
+from dsctl.core.fleet import host_names, yaml_bounds, yaml_numbers
 from dsctl.errors import DsctlError, UsageError
 
 NPU_GROUP = "npu_nodes"
@@ -103,7 +103,8 @@ def _inventory_files(inventory: Path) -> tuple[list[Path], list[Path]]:
 
 def check_yaml_bounds(inventory: Path, yaml_files: Sequence[Path] | None = None) -> None:
     """Refuse (one line) an inventory whose YAML is too large or expands too far through aliases
-    (`dsctl.core.fleet.yaml_bounds`), before Ansible (the reader's child or ansible-playbook) parses it.
+    (`dsctl.core.fleet.yaml_bounds`), or writes a dsctl setting's number as YAML 1.1 misreads it (010 is 8:
+    `dsctl.core.fleet.yaml_numbers`), before Ansible (the reader's child or ansible-playbook) parses it.
     ``yaml_files``: `_inventory_files`' first list, when the caller has walked the inventory already."""
     for path in _inventory_files(inventory)[0] if yaml_files is None else yaml_files:
         try:
@@ -117,6 +118,10 @@ def check_yaml_bounds(inventory: Path, yaml_files: Sequence[Path] | None = None)
             yaml_bounds.check(text, f"inventory: {path}")
         except yaml_bounds.TooLarge as exc:
             raise UsageError(str(exc)) from None
+        # Bounded first: composing the document is then cheap.  010 is 8 once Ansible has loaded it.
+        misread = yaml_numbers.misread_number(text, SETTINGS_PREFIX)
+        if misread is not None:
+            raise UsageError(f"inventory: {path}: {misread}")
 
 
 HostsVars = dict[str, dict[str, Any]]  # host -> its dsctl_* settings and connection variables
