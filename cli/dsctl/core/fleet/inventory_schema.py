@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from dsctl import data
 from dsctl.core.fleet import ascend_env, host_names
-from dsctl.core.fleet.matrix import NO_SERVING, resolve_stack
+from dsctl.core.fleet.matrix import NO_SERVING, check_lab_releases, resolve_stack
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
 from dsctl.core.fleet.versions import version_text
@@ -149,6 +149,8 @@ class HostSettings(BaseModel):
     dsctl_firmware_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_cann_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_vllm_ascend_version: Annotated[ServingVersion | None, Field(description=f"{_VERSION} or none")] = None
+    # Releases.yaml's lab_only releases (dsctl lab's rebuilds) are accepted only where the inventory says so.
+    dsctl_allow_lab_releases: Annotated[Flag, Field(description=_FLAG)] = False
     dsctl_install_path: _root_dir("install CANN into it and remove old versions there", "/usr/local/Ascend") = \
         "/usr/local/Ascend"
     dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
@@ -378,6 +380,10 @@ def _host_problem(host: str, hostvars: Mapping[str, Any], releases: Mapping,
         except DsctlError as problem:
             return None, problem
     stack = stacks[versions]
+    try:
+        check_lab_releases(releases, stack, allowed=settings.dsctl_allow_lab_releases)
+    except DsctlError as problem:
+        return None, problem
     try:
         services = validate_services(host, settings.dsctl_services, npu_count=settings.dsctl_npu_count,
                                      vllm_ascend=stack.vllm_ascend, serving_venv=settings.dsctl_serving_venv,
