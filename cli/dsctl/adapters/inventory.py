@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.assets import asset_root
-from dsctl.core.fleet import host_names, yaml_bounds, yaml_numbers
+from dsctl.core.fleet import host_names, setting_names, yaml_bounds, yaml_numbers
 from dsctl.errors import DsctlError, UsageError
 
 NPU_GROUP = "npu_nodes"
@@ -162,6 +162,9 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         "also": list(also),
         "password_file": str(Path(vault.password_file).expanduser().absolute()) if vault.password_file else None,
         "password": vault.prompted_password(),
+        # dsctl's setting names: the child refuses a variable that is one of them mistyped (the schema is imported
+        # here, not in the child, which stays light).
+        "settings": _setting_names(),
     }
     names = _plain_host_names(limit)
     if names is not None:
@@ -182,6 +185,12 @@ def _named_safely(hosts: HostsVars, groups: dict[str, HostsVars]) -> tuple[Hosts
     if problem is not None:
         raise UsageError(f"inventory: {problem}")
     return hosts, groups
+
+
+def _setting_names() -> list[str]:
+    from dsctl.core.fleet.inventory_schema import HostSettings
+
+    return HostSettings.setting_names()
 
 
 _PLAIN_NAMES = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
@@ -514,6 +523,7 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
     else:
         chosen = inventory.get_hosts(group)
     manager = VariableManager(loader=loader, inventory=inventory)
+    settings = list(request.get("settings") or ())
 
     def values_of(members: Any) -> dict[str, dict[str, Any]]:
         hosts: dict[str, dict[str, Any]] = {}
@@ -523,6 +533,10 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
             except AnsibleError as failed:  # group_vars/host_vars: YAML syntax, duplicate key, vault file
                 raise _located(failed, f"variables of host {host.name}", source=source,
                                have_password=have_password) from None
+            for key in variables:  # a mistyped dsctl_ prefix would be ignored in silence: the default used instead
+                meant = setting_names.misspelt_setting(str(key), settings) if settings else None
+                if meant is not None:
+                    raise _Refused(f"inventory: host {host.name}: {setting_names.misspelt_message(str(key), meant)}")
             templar = Templar(loader=loader, variables=variables)
             keys = [key for key in variables if str(key).startswith(SETTINGS_PREFIX) or key in CONNECTION_VARS]
             hosts[host.name] = {str(key): _render(templar, variables[key], variables, host.name, str(key),
