@@ -21,14 +21,17 @@ returned as written; any other undefined variable is an error naming the host an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import getpass
 import hashlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +68,17 @@ class VaultOptions:
         if not self.ask:
             return None
         if not self._entered:
+            terminal = _has_terminal()
             try:
-                password = getpass.getpass("Vault password: ")
+                if terminal:
+                    password = getpass.getpass("Vault password: ")
+                else:
+                    # No terminal to prompt on: getpass would print a GetPassWarning and "Password input may be
+                    # echoed" before reading a line of stdin. The line is read all the same, without that noise
+                    # (a password piped in, as Ansible's own prompt takes one).
+                    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                        warnings.simplefilter("ignore", getpass.GetPassWarning)
+                        password = getpass.getpass("Vault password: ")
             except EOFError:
                 password = ""
             if not password:
@@ -74,6 +86,16 @@ class VaultOptions:
                                  "or use --vault-password-file FILE")
             self._entered.append(password)
         return self._entered[0]
+
+
+def _has_terminal() -> bool:
+    """Whether getpass can prompt on the controlling terminal (it opens /dev/tty, as here)."""
+    try:
+        descriptor = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(descriptor)
+    return True
 
 
 MAX_YAML_FILE_BYTES = 16 * 1024 * 1024  # one inventory, group_vars or host_vars file
@@ -373,7 +395,10 @@ def _parse_problem(loader: Any, source: str, error: BaseException, have_password
     from ansible.inventory.data import InventoryData
     from ansible.plugins.loader import inventory_loader
 
-    for path in _candidate_files(source):
+    candidates = _candidate_files(source)
+    if not candidates:  # a directory with no file Ansible reads as an inventory (only group_vars, a README): no hosts
+        raise _no_hosts(source, NPU_GROUP, "the directory has no inventory file, only files Ansible skips; ")
+    for path in candidates:
         try:
             loader.load_from_file(path, cache="none")
         except AnsibleError as invalid:
@@ -386,6 +411,12 @@ def _parse_problem(loader: Any, source: str, error: BaseException, have_password
                 return _Refused(f"inventory: {path}: not a YAML inventory Ansible can read: {_message(invalid)}; "
                                 "see inventories/sample/hosts.yml")
     return _Refused(f"inventory: {source}: {_message(error)}")
+
+
+def _no_hosts(source: str, group: str, why: str = "") -> _Refused:
+    where = "in a hosts.yml in it " if os.path.isdir(source) else ""
+    return _Refused(f"inventory: {source} has no hosts in group {group}; {why}list your NPU servers {where}under "
+                    f"all.children.{group}.hosts (see inventories/sample/hosts.yml)")
 
 
 _FACT_NAME = re.compile(r"^ansible_\w+$")
@@ -508,8 +539,7 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
     except AnsibleError as failed:
         raise _parse_problem(loader, source, failed, have_password) from None
     if group not in inventory.groups or not inventory.get_hosts(group):
-        raise _Refused(f"inventory: {source} has no hosts in group {group}; list your NPU servers under "
-                       f"all.children.{group}.hosts (see inventories/sample/hosts.yml)")
+        raise _no_hosts(source, group)
     every = [host.name for host in inventory.get_hosts(group)]
     if limit:
         try:
