@@ -19,7 +19,20 @@ from dsctl.services.ports import PlaybookRunner, ProgressSink
 from dsctl.ui_progress import playbook_progress
 
 InventoryArg = Annotated[Path, typer.Argument(help="Ansible inventory (YAML); its npu_nodes group is the fleet.")]
-LimitOption = Annotated[str | None, typer.Option("--limit", help="Only these hosts or groups (Ansible pattern).")]
+
+
+def _limit_pattern(value: str | None) -> str | None:
+    """An empty --limit would select every host: Ansible ignores an empty pattern, so ``--limit ""`` (an unset
+    shell variable) rendered or changed the whole fleet.  A pattern of separators only (``,``, ``:``) is as empty
+    (https://docs.ansible.com/ansible/latest/inventory_guide/intro_patterns.html)."""
+    if value is not None and not value.replace(",", " ").replace(":", " ").strip():
+        raise typer.BadParameter(f"{value!r} names no host or group; give host names, groups or a pattern such as "
+                                 "'atlas-a0*', or leave --limit out for every host")
+    return value
+
+
+LimitOption = Annotated[str | None, typer.Option("--limit", callback=_limit_pattern,
+                                                 help="Only these hosts or groups (Ansible pattern).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON result object.")]
 CheckOption = Annotated[bool, typer.Option("--check", help="Report what would change; change nothing.")]
 DiffOption = Annotated[bool, typer.Option("--diff", help="Show file differences.")]

@@ -49,7 +49,8 @@ AIMED_AT_EACH_OTHER = [
 ]
 
 CONTAINER_SERVICE = {"name": "chat", "engine": "vllm-ascend", "model": "/models/m", "npus_per_instance": 4,
-                     "manager": "container", "image": "quay.io/ascend/vllm-ascend:v0.13.0", "allow_unauthenticated": True}
+                     "manager": "container", "image": "quay.io/ascend/vllm-ascend:v0.13.0",
+                     "allow_unauthenticated": True}
 
 
 @pytest.mark.parametrize("verb", VERBS, ids=" ".join)

@@ -21,21 +21,24 @@ returned as written; any other undefined variable is an error naming the host an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import getpass
 import hashlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsctl.assets import asset_root
-from dsctl.core.fleet import yaml_bounds
+from dsctl.core.fleet import host_names, setting_names, yaml_bounds, yaml_numbers
 from dsctl.errors import DsctlError, UsageError
 
 NPU_GROUP = "npu_nodes"
@@ -65,8 +68,17 @@ class VaultOptions:
         if not self.ask:
             return None
         if not self._entered:
+            terminal = _has_terminal()
             try:
-                password = getpass.getpass("Vault password: ")
+                if terminal:
+                    password = getpass.getpass("Vault password: ")
+                else:
+                    # No terminal to prompt on: getpass would print a GetPassWarning and "Password input may be
+                    # echoed" before reading a line of stdin. The line is read all the same, without that noise
+                    # (a password piped in, as Ansible's own prompt takes one).
+                    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                        warnings.simplefilter("ignore", getpass.GetPassWarning)
+                        password = getpass.getpass("Vault password: ")
             except EOFError:
                 password = ""
             if not password:
@@ -74,6 +86,16 @@ class VaultOptions:
                                  "or use --vault-password-file FILE")
             self._entered.append(password)
         return self._entered[0]
+
+
+def _has_terminal() -> bool:
+    """Whether getpass can prompt on the controlling terminal (it opens /dev/tty, as here)."""
+    try:
+        descriptor = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(descriptor)
+    return True
 
 
 MAX_YAML_FILE_BYTES = 16 * 1024 * 1024  # one inventory, group_vars or host_vars file
@@ -103,7 +125,8 @@ def _inventory_files(inventory: Path) -> tuple[list[Path], list[Path]]:
 
 def check_yaml_bounds(inventory: Path, yaml_files: Sequence[Path] | None = None) -> None:
     """Refuse (one line) an inventory whose YAML is too large or expands too far through aliases
-    (`dsctl.core.fleet.yaml_bounds`), before Ansible (the reader's child or ansible-playbook) parses it.
+    (`dsctl.core.fleet.yaml_bounds`), or writes a dsctl setting's number as YAML 1.1 misreads it (010 is 8:
+    `dsctl.core.fleet.yaml_numbers`), before Ansible (the reader's child or ansible-playbook) parses it.
     ``yaml_files``: `_inventory_files`' first list, when the caller has walked the inventory already."""
     for path in _inventory_files(inventory)[0] if yaml_files is None else yaml_files:
         try:
@@ -117,6 +140,10 @@ def check_yaml_bounds(inventory: Path, yaml_files: Sequence[Path] | None = None)
             yaml_bounds.check(text, f"inventory: {path}")
         except yaml_bounds.TooLarge as exc:
             raise UsageError(str(exc)) from None
+        # Bounded first: composing the document is then cheap.  010 is 8 once Ansible has loaded it.
+        misread = yaml_numbers.misread_number(text, SETTINGS_PREFIX)
+        if misread is not None:
+            raise UsageError(f"inventory: {path}: {misread}")
 
 
 HostsVars = dict[str, dict[str, Any]]  # host -> its dsctl_* settings and connection variables
@@ -157,6 +184,9 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         "also": list(also),
         "password_file": str(Path(vault.password_file).expanduser().absolute()) if vault.password_file else None,
         "password": vault.prompted_password(),
+        # dsctl's setting names: the child refuses a variable that is one of them mistyped (the schema is imported
+        # here, not in the child, which stays light).
+        "settings": _setting_names(),
     }
     names = _plain_host_names(limit)
     if names is not None:
@@ -165,9 +195,24 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         # name (Ansible would take a group's hosts too); anything else goes to Ansible's own pattern matching.
         hosts, groups, group_names = _read(inventory, {**request, "limit": None}, files)
         if all(name in hosts and name not in group_names for name in names):
-            return {host: values for host, values in hosts.items() if host in names}, groups
+            return _named_safely({host: values for host, values in hosts.items() if host in names}, groups)
     hosts, groups, _ = _read(inventory, request, files)
+    return _named_safely(hosts, groups)
+
+
+def _named_safely(hosts: HostsVars, groups: dict[str, HostsVars]) -> tuple[HostsVars, dict[str, HostsVars]]:
+    """The read, once every host name in it is one dsctl accepts (`dsctl.core.fleet.host_names`): before anything
+    is rendered, written under a host's name or contacted."""
+    problem = host_names.first_bad_host_name([*hosts, *(host for members in groups.values() for host in members)])
+    if problem is not None:
+        raise UsageError(f"inventory: {problem}")
     return hosts, groups
+
+
+def _setting_names() -> list[str]:
+    from dsctl.core.fleet.inventory_schema import HostSettings
+
+    return HostSettings.setting_names()
 
 
 _PLAIN_NAMES = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
@@ -350,7 +395,10 @@ def _parse_problem(loader: Any, source: str, error: BaseException, have_password
     from ansible.inventory.data import InventoryData
     from ansible.plugins.loader import inventory_loader
 
-    for path in _candidate_files(source):
+    candidates = _candidate_files(source)
+    if not candidates:  # a directory with no file Ansible reads as an inventory (only group_vars, a README): no hosts
+        raise _no_hosts(source, NPU_GROUP, "the directory has no inventory file, only files Ansible skips; ")
+    for path in candidates:
         try:
             loader.load_from_file(path, cache="none")
         except AnsibleError as invalid:
@@ -363,6 +411,12 @@ def _parse_problem(loader: Any, source: str, error: BaseException, have_password
                 return _Refused(f"inventory: {path}: not a YAML inventory Ansible can read: {_message(invalid)}; "
                                 "see inventories/sample/hosts.yml")
     return _Refused(f"inventory: {source}: {_message(error)}")
+
+
+def _no_hosts(source: str, group: str, why: str = "") -> _Refused:
+    where = "in a hosts.yml in it " if os.path.isdir(source) else ""
+    return _Refused(f"inventory: {source} has no hosts in group {group}; {why}list your NPU servers {where}under "
+                    f"all.children.{group}.hosts (see inventories/sample/hosts.yml)")
 
 
 _FACT_NAME = re.compile(r"^ansible_\w+$")
@@ -485,8 +539,7 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
     except AnsibleError as failed:
         raise _parse_problem(loader, source, failed, have_password) from None
     if group not in inventory.groups or not inventory.get_hosts(group):
-        raise _Refused(f"inventory: {source} has no hosts in group {group}; list your NPU servers under "
-                       f"all.children.{group}.hosts (see inventories/sample/hosts.yml)")
+        raise _no_hosts(source, group)
     every = [host.name for host in inventory.get_hosts(group)]
     if limit:
         try:
@@ -500,6 +553,7 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
     else:
         chosen = inventory.get_hosts(group)
     manager = VariableManager(loader=loader, inventory=inventory)
+    settings = list(request.get("settings") or ())
 
     def values_of(members: Any) -> dict[str, dict[str, Any]]:
         hosts: dict[str, dict[str, Any]] = {}
@@ -509,6 +563,10 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
             except AnsibleError as failed:  # group_vars/host_vars: YAML syntax, duplicate key, vault file
                 raise _located(failed, f"variables of host {host.name}", source=source,
                                have_password=have_password) from None
+            for key in variables:  # a mistyped dsctl_ prefix would be ignored in silence: the default used instead
+                meant = setting_names.misspelt_setting(str(key), settings) if settings else None
+                if meant is not None:
+                    raise _Refused(f"inventory: host {host.name}: {setting_names.misspelt_message(str(key), meant)}")
             templar = Templar(loader=loader, variables=variables)
             keys = [key for key in variables if str(key).startswith(SETTINGS_PREFIX) or key in CONNECTION_VARS]
             hosts[host.name] = {str(key): _render(templar, variables[key], variables, host.name, str(key),

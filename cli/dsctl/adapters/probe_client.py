@@ -68,6 +68,10 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 # RFC 9110 field-name token characters: a request id header name cannot smuggle CR/LF or a colon.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 DEFAULT_REQUEST_ID_HEADER = "x-request-id"
+# RFC 9110 5.5 field values: visible ASCII with spaces or tabs inside, none at either end (a parser trims them).
+# No CR or LF (a second header or a body smuggled into the request), no other control character, nothing
+# outside ASCII (obs-text is obsolete, and the request is encoded as latin-1: a wider character cannot be sent).
+_HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?")
 _MAX_HEADER = 64 * 1024
 _MAX_ERROR_BODY = 4096
 _MAX_DOCUMENT = 1 << 20
@@ -76,6 +80,22 @@ _MAX_DOCUMENT = 1 << 20
 # sends the blank line (unbounded, such a stream grew the buffer to ~250 MB in 40 s and was rescanned on every read).
 _MAX_SSE_EVENT = 1 << 20
 _MAX_CHUNK_LINE = 4096  # an HTTP/1.1 chunk-size line: hex digits and extensions (RFC 9112 7.1)
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent as an HTTP header value (one phrase that never repeats the value, which may be
+    a secret), or None: the one rule for every header value the client sends (RFC 9110 5.5)."""
+    if _HEADER_VALUE.fullmatch(value):
+        return None
+    if not value.strip():
+        return "is empty"
+    if any(c in value for c in "\r\n"):
+        return "holds a line break (CR or LF), which would end the header and start another"
+    if any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in value):
+        return "holds a control character"
+    if any(ord(c) > 0x7E for c in value):
+        return "holds a character outside printable ASCII"
+    return "starts or ends with a space or tab, which a server trims"
 
 
 class ProbeError(Exception):
@@ -702,6 +722,10 @@ class ProbeClient:
         self._addresses: list[Any] | None = None
         self.lag_samples = lag_samples
         self.kernel_timestamps = _SO_TIMESTAMPNS is not None and _ANC_SIZE > 0 and kernel_timestamps
+        for header, value in (("Host", target.host_header), ("Authorization", f"Bearer {api_key}" if api_key else "")):
+            problem = header_value_problem(value) if value else None
+            if problem is not None:  # make_plan refuses it first, naming the option; this is the edge's own guard
+                raise ValueError(f"{header} header value {problem}")
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         self._common = f"Host: {target.host_header}\r\nUser-Agent: dsctl-probe\r\n{auth}".encode("latin-1")
 

@@ -6,6 +6,8 @@ works where typer is absent); this Typer command forwards its arguments there.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(help="The emulated serving engine lab hosts run (vLLM's OpenAI API, modelled NPU timing).",
@@ -16,10 +18,16 @@ app = typer.Typer(help="The emulated serving engine lab hosts run (vLLM's OpenAI
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
 )
-def serve(ctx: typer.Context) -> None:
+def serve(
+    ctx: typer.Context,
+    # Parsed here as well as by the engine: a port out of range is dsctl's usage error (exit 2, one line naming
+    # --port), where the engine itself, like vLLM, fails at start-up (exit 1).  0 lets the OS pick, as in vLLM.
+    port: Annotated[int | None, typer.Option("--port", min=0, max=65535, show_default=False,
+                                             help="Port to listen on, 0..65535 (default 8000).")] = None,
+) -> None:
     """Serve the OpenAI-compatible API (flags as `vllm serve`; --help lists them)."""
     from dsctl.engine.__main__ import main
 
-    code = main(["serve", *ctx.args])
+    code = main(["serve", *ctx.args, *(["--port", str(port)] if port is not None else [])])
     if code:
         raise typer.Exit(code)

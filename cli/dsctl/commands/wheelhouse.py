@@ -22,24 +22,32 @@ COLUMNS = ["lock", "arch", "python", "distributions"]
 
 
 def _stacks(inventory: Path | None, release: str | None, vault: VaultOptions | None = None
-            ) -> tuple[dict[str, str], ...]:
+            ) -> tuple[tuple[dict[str, str], str | None], ...]:
+    """The pin sets to lock, each with its matrix row's Python specifier."""
     if (inventory is None) == (release is None):
         raise UsageError("INVENTORY or --release: give exactly one (the hosts' rows, or one vllm-ascend tag)")
     if release is not None:
-        return (release_pins(data.load("releases"), release)[0],)
+        return (release_pins(data.load("releases"), release),)
     settings = fleet.load_fleet(inventory, vault=vault).settings
-    stacks = {}
+    stacks: dict[tuple, tuple[dict[str, str], str | None]] = {}
     for host in settings.values():
         if host.stack is not None and host.stack.pip_pins:
-            stacks[tuple(sorted(host.stack.pip_pins.items()))] = dict(host.stack.pip_pins)
+            stacks[tuple(sorted(host.stack.pip_pins.items()))] = (dict(host.stack.pip_pins), host.stack.python)
     return tuple(stacks[key] for key in sorted(stacks))
+
+
+def _out_dir(text: str) -> Path:
+    """--out as a path: an empty one (an unset shell variable) would be the current directory."""
+    if not text.strip():
+        raise UsageError("--out: empty; name the wheelhouse directory to write, e.g. --out ./wheelhouse")
+    return Path(text)
 
 
 @app.command("build")
 def build_cmd(
     inventory: Annotated[Path | None, typer.Argument(help="Ansible inventory: lock the row of every host's stack.")]
     = None,
-    out: Annotated[Path, typer.Option("--out", help="The wheelhouse directory to write (wheels, locks, SHA256SUMS).")]
+    out: Annotated[str, typer.Option("--out", help="The wheelhouse directory to write (wheels, locks, SHA256SUMS).")]
     = ...,
     release: Annotated[str | None, typer.Option("--release", help="One vllm-ascend tag (v0.13.0) instead of an "
                                                 "inventory.")] = None,
@@ -59,10 +67,12 @@ def build_cmd(
     """Resolve the pins with pip's resolver, download every wheel of the closure into --out, write one hash
     lock per row, arch and Python (lock-vllm-ascend-<ver>-<digest>-<arch>-py<X.Y>.txt) and SHA256SUMS."""
     vault = vault_options(vault_password_file, ask_vault_pass)
+    out_dir = _out_dir(out)
+    stacks = _stacks(inventory, release, vault)
     request = WheelhouseRequest(
-        stacks=_stacks(inventory, release, vault), arches=tuple(arch or [platform.machine()]),
-        pythons=tuple(python or ["3.11"]), out=out, index_url=index_url, find_links=tuple(find_links or ()),
-        timeout=timeout)
+        stacks=tuple(pins for pins, _ in stacks), arches=tuple(arch or [platform.machine()]),
+        pythons=tuple(python or ["3.11"]), out=out_dir, index_url=index_url, find_links=tuple(find_links or ()),
+        timeout=timeout, python_ranges=tuple(supported for _, supported in stacks))
     result = build(request, progress=None if as_json else ui.progress)
     if as_json:
         ui.emit_json(["wheelhouse", "build"], result.to_dict())

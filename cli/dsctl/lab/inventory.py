@@ -89,6 +89,9 @@ def render_inventory(spec: LabSpec, paths: LabPaths) -> str:
         # The lab runs Debian, which no Ascend table lists (a site can opt in the same way), on a machine far
         # smaller than the guides' 64 GB RAM / 200 GB disk.
         "dsctl_extra_supported_os": ["debian"],
+        # The lab's own regressed rebuild (releases.yaml's lab_only 8.5.0.lab1, the upgrade tests' target) is
+        # installable here; a site's inventory never lists it, so dsctl refuses it there.
+        "dsctl_allow_lab_releases": True,
         "dsctl_min_memory_gb": LAB_MIN_MEMORY_GB,
         "dsctl_min_free_disk_gb": min(LAB_MIN_FREE_DISK_GB, spec.disk_gb),
         # The NPU parameter plane, as a site writes its own (dsctl.core.network.hccn_plan derives each NPU's address):

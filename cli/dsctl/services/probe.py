@@ -32,7 +32,7 @@ from typing import Any
 
 from dsctl.adapters import output_paths, sweep_plot
 from dsctl.adapters.ansible_run import new_artifacts_dir
-from dsctl.adapters.probe_client import Load, Preflight, RunResult, Target, Timeouts
+from dsctl.adapters.probe_client import Load, Preflight, RunResult, Target, Timeouts, header_value_problem
 from dsctl.adapters.tokenizer import LocalTokenizer
 from dsctl.core.load import arrivals, dataset, limits, probe_metrics, sweep
 from dsctl.core.load.probe_metrics import GOODPUT_METRICS, RequestRecord, SloWatch
@@ -183,6 +183,16 @@ def make_plan(cfg: ProbeConfig, tokenizer: LocalTokenizer | None = None) -> Plan
         raise UsageError(str(exc)) from None
     if cfg.endpoint not in ENDPOINTS:
         raise UsageError(f"--endpoint {cfg.endpoint!r}: expected completions or chat")
+    # Every header value the client sends, checked by the client's one rule before any connection (RFC 9110 5.5).
+    host_problem = header_value_problem(target.host_header)
+    if host_problem is not None:
+        raise UsageError(f"URL {cfg.url!r}: its host {host_problem}; give http://HOST:PORT with a plain host name "
+                         "or address")
+    if cfg.api_key:  # empty: no key, as before (an unset DSCTL_API_KEY exported empty)
+        key_problem = header_value_problem(cfg.api_key)
+        if key_problem is not None:  # the key itself is never printed
+            raise UsageError(f"--api-key: the key {key_problem}; an HTTP header value is one line of printable "
+                             "ASCII (RFC 9110 5.5): pass the key alone, without line breaks or control characters")
     try:
         probe_metrics.check_max_error_rate(cfg.max_error_rate)
     except ValueError as exc:

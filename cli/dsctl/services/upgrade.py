@@ -550,7 +550,8 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
     # A target the data does not carry (--cann 9.9.9) is refused for what it is before any host is contacted,
     # not reported after dsctl check as "not fit to upgrade: unreachable" of hosts it never needed.
     try:
-        check_targets(releases, _desired(fleet), inputs.overrides())
+        check_targets(releases, _desired(fleet), inputs.overrides(),
+                      allow_lab={host: settings.dsctl_allow_lab_releases for host, settings in fleet.settings.items()})
     except DsctlError as refused:
         if refused.exit_status != ExitStatus.VALIDATION_FAILED:
             raise  # a version the data does not carry: a usage error

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from dsctl.adapters import output_paths, pip_download
 from dsctl.core.fleet import sha256sums, wheel_lock
@@ -46,6 +48,8 @@ class WheelhouseRequest:
     find_links: tuple[str, ...] = ()
     timeout: float = DEFAULT_TIMEOUT
     pip: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "pip"))
+    # Each stack's matrix row Python specifier (">=3.10,<3.12"), in the order of ``stacks``; None: not said.
+    python_ranges: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,13 +87,50 @@ def check_request(request: WheelhouseRequest) -> None:
         wheel_lock.normalized_arch(arch)
     for python in request.pythons:
         wheel_lock.python_tag(python)
+        for pins, supported in zip(request.stacks, request.python_ranges, strict=False):
+            wheel_lock.python_in_row(python, supported, pins.get("vllm-ascend", "?"))
+    if request.index_url is not None:
+        _check_url("--index-url", request.index_url)
+        _check_simple_index(request.index_url, request.stacks)
     for link in request.find_links:
         # pip takes a URL or a local directory/page; a missing local one would surface as "no wheel of torch"
-        if "://" not in link and not Path(link).exists():
+        if "://" in link:
+            _check_url("--find-links", link)
+        elif not Path(link).exists():
             raise UsageError(f"--find-links {link}: no such directory or file; give a directory of wheels, a page "
                              "of links, or a URL")
     if request.out.exists() and not request.out.is_dir():
         raise UsageError(f"--out: {request.out} exists and is not a directory")
+
+
+def _check_url(option: str, url: str) -> None:
+    """http(s), or file:// naming a directory that exists: pip also fetches ftp:// or any other scheme its
+    session knows, and a file:// URL of a system directory (/etc) is nothing pip can resolve from."""
+    problem = wheel_lock.index_url_problem(url)
+    if problem is not None:
+        raise UsageError(f"{option} {url!r}: {problem}; give the index or mirror's http(s):// URL, or a local "
+                         "directory of wheels with --find-links DIR")
+    if url.lower().startswith("file://"):
+        directory = Path(url2pathname(urlsplit(url).path))
+        if not directory.is_dir():
+            raise UsageError(f"{option} {url}: {directory} is not a directory; give an existing local index or "
+                             "directory of wheels")
+
+
+def _check_simple_index(url: str, stacks: tuple[Mapping[str, str], ...]) -> None:
+    """A file:// index must be laid out as PEP 503 says: pip reads <index>/<project>/index.html of a local one
+    (pip's collector joins "index.html" to a file: directory URL), so a directory without them (file:///etc) is
+    refused here, naming the first project missing, instead of pip failing on every pin.  Only the pinned projects
+    are looked for; their dependencies are pip's to find."""
+    if not url.lower().startswith("file://"):
+        return
+    root = Path(url2pathname(urlsplit(url).path))
+    for pins in stacks:
+        for name in sorted(pins):
+            if not (root / name / "index.html").is_file():
+                raise UsageError(f"--index-url {url}: not a simple index (PEP 503): no {name}/index.html under "
+                                 f"{root}; give an http(s):// index, a directory laid out as a simple index, or the "
+                                 "wheels' directory with --find-links")
 
 
 def _source(request: WheelhouseRequest) -> str:

@@ -22,10 +22,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsctl import data
-from dsctl.core.fleet import ascend_env
-from dsctl.core.fleet.matrix import resolve_stack
+from dsctl.core.fleet import ascend_env, host_names
+from dsctl.core.fleet.matrix import NO_SERVING, check_lab_releases, resolve_stack
 from dsctl.core.fleet.root_paths import RootPathRefused, check_clashes, root_dir, root_env_file
 from dsctl.core.fleet.stack import DesiredStack
+from dsctl.core.fleet.versions import version_text
 from dsctl.core.http_url import parse_http_url
 from dsctl.core.network import hccn_plan
 from dsctl.core.network.hccn_plan import HostNetwork, NetworkPlan, NetworkPlanError
@@ -93,10 +94,20 @@ def _root_dir(action: str, example: str) -> Any:
 PathOrUrl = Annotated[Text, AfterValidator(_path_or_url)]
 HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 OneLine = Annotated[Text, AfterValidator(_one_line)]
-Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line)]
+# One version grammar for every version setting (dsctl.core.fleet.versions.VERSION_TEXT); the vllm-ascend one
+# may also say "none" (no serving stack, dsctl.core.fleet.matrix.NO_SERVING).
+Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line), AfterValidator(version_text)]
+
+
+def _serving_version(value: str) -> str:
+    return value if value.lower() == NO_SERVING else version_text(value)
+
+
+ServingVersion = Annotated[Text, Field(min_length=1), AfterValidator(_one_line), AfterValidator(_serving_version)]
 Flag = Annotated[bool, Field(strict=True)]
 
 _VERSION = "a quoted version string"
+_KERNEL_VERSION = 'a quoted kernel version such as "5.10"'
 _PATH_OR_URL = f"{SAFE_PATH_WORDS} or an http(s):// URL"
 _FLAG = "true or false (unquoted)"
 
@@ -142,7 +153,9 @@ class HostSettings(BaseModel):
     dsctl_driver_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_firmware_version: Annotated[Version | None, Field(description=_VERSION)] = None
     dsctl_cann_version: Annotated[Version | None, Field(description=_VERSION)] = None
-    dsctl_vllm_ascend_version: Annotated[Version | None, Field(description=f"{_VERSION} or none")] = None
+    dsctl_vllm_ascend_version: Annotated[ServingVersion | None, Field(description=f"{_VERSION} or none")] = None
+    # Releases.yaml's lab_only releases (dsctl lab's rebuilds) are accepted only where the inventory says so.
+    dsctl_allow_lab_releases: Annotated[Flag, Field(description=_FLAG)] = False
     dsctl_install_path: _root_dir("install CANN into it and remove old versions there", "/usr/local/Ascend") = \
         "/usr/local/Ascend"
     dsctl_run_user: Annotated[AccountName, Field(description="a user name")] = "HwHiAiUser"
@@ -157,7 +170,7 @@ class HostSettings(BaseModel):
     dsctl_min_free_disk_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 200
     # --- interpreters and OS (dsctl.core.hostfacts.platform; checked in preflight and by check --ready)
     dsctl_min_memory_gb: Annotated[int, Field(strict=True, ge=1, description="an integer number of GB >= 1")] = 64
-    dsctl_min_kernel_version: Annotated[Version, Field(description="a quoted kernel version such as \"5.10\"")] = "5.10"
+    dsctl_min_kernel_version: Annotated[Version, Field(description=_KERNEL_VERSION)] = "5.10"
     # The interpreter the serving venv is made from; its version must be in the vllm-ascend row's range.
     dsctl_serving_python: Annotated[SafePath, Field(description=SAFE_PATH_WORDS)] = "/usr/bin/python3"
     # OS families no Ascend table lists that this site accepts anyway (the lab: debian).
@@ -350,7 +363,7 @@ def _problem(error: Mapping[str, Any]) -> str:
     if stated_problem(error):
         return f"{field}: {stated_problem(error)}; {FIX}"
     value = error.get("input")
-    if expected == _VERSION or expected.startswith(_VERSION):
+    if expected.startswith((_VERSION, _KERNEL_VERSION)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             # YAML read 24.1 as a number: quote it, or "8.10" becomes 8.1.
             return f'{field}: expected {expected}, got the number {value}; quote it: {field}: "{value}"'
@@ -397,6 +410,10 @@ def _host_problem(host: str, hostvars: Mapping[str, Any], releases: Mapping,
         except DsctlError as problem:
             return None, problem
     stack = stacks[versions]
+    try:
+        check_lab_releases(releases, stack, allowed=settings.dsctl_allow_lab_releases)
+    except DsctlError as problem:
+        return None, problem
     try:
         services = validate_services(host, settings.dsctl_services, npu_count=settings.dsctl_npu_count,
                                      vllm_ascend=stack.vllm_ascend, serving_venv=settings.dsctl_serving_venv,
@@ -519,6 +536,10 @@ def validate_fleet(hosts: Mapping[str, Mapping[str, Any]], *, releases: Mapping 
     for an incompatible stack or an NPU network plan that cannot work.
     """
     releases = data.load("releases") if releases is None else releases
+    # The roles call this too (plain ansible-playbook): a host name dsctl would misuse is refused there as well.
+    bad_name = host_names.first_bad_host_name([str(host) for host in (*hosts, *(fleet or {}))])
+    if bad_name is not None:
+        raise InventoryError(f"inventory: {bad_name}")
     stacks: dict[tuple, DesiredStack] = {}
     settled: dict[str, HostSettings] = {}
     problems: dict[str, DsctlError] = {}

@@ -43,6 +43,9 @@ CANN_VAR = "dsctl_cann_version"
 VLLM_ASCEND_VAR = "dsctl_vllm_ascend_version"
 
 NO_SERVING = "none"  # dsctl_vllm_ascend_version: none = install the NPU stack only
+# Releases marked lab_only in releases.yaml (a lab's rebuilds, no vendor ships them) are installed only where the
+# inventory opts in with this setting: dsctl lab's inventory does, and a site running its own lab may.
+ALLOW_LAB_VAR = "dsctl_allow_lab_releases"
 CONFIDENCE_RANK = {"inferred": 0, "observed": 1, "official": 2}
 INFERRED_STATUS = "inferred: passes the version-file checks"
 
@@ -498,6 +501,20 @@ def resolve_stack(releases: Mapping, *, driver: str | None = None, firmware: str
         sources=_unique(sources),
         warnings=tuple(v.sentence for v in verdicts if v.warns),
     )
+
+
+def check_lab_releases(releases: Mapping, stack: DesiredStack, *, allowed: bool) -> None:
+    """Refuse (StackError, exit USAGE) a stack with a ``lab_only`` release unless ``allowed`` (the host's
+    `ALLOW_LAB_VAR`): such a release exists only where dsctl lab builds it, and would fail on a real host."""
+    if allowed:
+        return
+    cann = _cann(releases, stack.cann)
+    row = _serving_row(releases, stack.vllm_ascend) if stack.vllm_ascend else None
+    for variable, version, entry in ((CANN_VAR, stack.cann, cann), (VLLM_ASCEND_VAR, stack.vllm_ascend, row)):
+        if entry is not None and entry.get("lab_only"):
+            raise StackError(f"{variable}: {version} is a lab-only release (dsctl lab builds it; no vendor ships "
+                             f"it); pick a vendor release (dsctl matrix lists them), or set {ALLOW_LAB_VAR}: true "
+                             "if this inventory is a lab's", ExitStatus.USAGE)
 
 
 # --------------------------------------------------------------------------- dsctl matrix

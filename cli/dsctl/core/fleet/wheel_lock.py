@@ -60,6 +60,42 @@ def python_tag(python: str) -> str:
     return text
 
 
+# The minor versions a suggestion is picked from (CPython 3.x releases a matrix row may name).
+_PYTHON_MINORS = tuple(f"3.{minor}" for minor in range(8, 15))
+
+
+def python_in_row(python: str, supported: str | None, tag: str) -> str:
+    """``python`` (checked by `python_tag`) when the matrix row of vllm-ascend ``tag`` supports it (its ``python``
+    specifier, e.g. ">=3.10,<3.12"; None: the row says nothing); LockError naming --python otherwise, or pip
+    would resolve a closure no server of that row can install."""
+    python = python_tag(python)
+    if supported is None:
+        return python
+    try:
+        spec = SpecifierSet(supported)
+    except InvalidSpecifier:
+        return python  # the data's own problem, not the user's: left to pip
+    if spec.contains(python):
+        return python
+    fits = [minor for minor in _PYTHON_MINORS if spec.contains(minor)]
+    pick = f"pick one of {', '.join(fits)}" if fits else "pick another --release"
+    raise LockError(f"--python {python}: vllm-ascend {tag}'s matrix row supports Python {supported}; {pick}")
+
+
+def index_url_problem(url: str) -> str | None:
+    """Why pip must not be given ``url`` as an index or a page of links, or None: http(s) with a host, or
+    file:// with a path (the caller checks that the directory is there); no blank or control character."""
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        return "holds a blank or a control character"
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if scheme in ("http", "https") and rest and not rest.startswith("/"):
+        return None
+    if scheme == "file" and rest.startswith("/"):
+        return None
+    return "expected an http:// or https:// URL (or file:///DIR of a local simple index)"
+
+
 def normalized_arch(arch: str) -> str:
     """``arm64`` (macOS, Debian's dpkg) -> ``aarch64``; ``amd64`` -> ``x86_64``; others checked."""
     text = {"arm64": "aarch64", "amd64": "x86_64"}.get(str(arch).strip().lower(), str(arch).strip().lower())

@@ -245,17 +245,22 @@ _FLAGS = {"dsctl_driver_version": ("--driver", "driver"), "dsctl_firmware_versio
           "dsctl_cann_version": ("--cann", "cann"), "dsctl_vllm_ascend_version": ("--vllm-ascend", "vllm_ascend")}
 
 
-def check_targets(releases: Mapping, desired: Mapping[str, Versions], overrides: Versions) -> None:
+def check_targets(releases: Mapping, desired: Mapping[str, Versions], overrides: Versions,
+                  allow_lab: Mapping[str, bool] | None = None) -> None:
     """Refuse, before any host is contacted, a target the data cannot build: the command line over each host's
     inventory versions (a host's current versions only fill what both leave unset, so a host without inventory
     versions is left to `plan_upgrade`).  `StackError`, one line: exit USAGE for a version the data does not
-    carry (named by its option when the command line gave it), VALIDATION_FAILED for an incompatible stack."""
+    carry (named by its option when the command line gave it) or a lab-only release on a host whose inventory
+    does not allow them (``allow_lab``: host -> its dsctl_allow_lab_releases; a host left out is not checked),
+    VALIDATION_FAILED for an incompatible stack."""
     for host, wanted in desired.items():
         target = overrides.over(wanted)
         if None in (target.driver, target.firmware, target.cann, target.vllm_ascend):
             continue
         try:
-            _resolve(releases, target)
+            stack = _resolve(releases, target)
+            if allow_lab is not None and host in allow_lab:
+                matrix.check_lab_releases(releases, stack, allowed=allow_lab[host])
         except matrix.StackError as exc:
             field, _, reason = str(exc).partition(": ")
             flag, attribute = _FLAGS.get(field, (None, None))
