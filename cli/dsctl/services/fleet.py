@@ -11,6 +11,7 @@ from dsctl.adapters import inventory as inventory_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.load import limits
 from dsctl.core.network.hccn_plan import NetworkPlan
 from dsctl.core.serving import gateway
 from dsctl.errors import UsageError
@@ -77,6 +78,12 @@ def check_playbook_options(*, forks: int | None = None, serial: int | None = Non
         raise UsageError(f"--forks: {forks} should be at least 1")
     if serial is not None and serial < 1:
         raise UsageError(f"--serial: {serial} should be at least 1")
+    for option, hosts in (("--forks", forks), ("--serial", serial)):
+        if hosts is not None:
+            try:  # the one number rule (the command line's callback applies it too)
+                limits.check(option, hosts, limits.MAX_HOSTS, "hosts")
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
     if tags is not None and not tags.strip():
         raise UsageError("--tags: empty; name at least one tag or leave the option out")
     if vault is not None and vault.password_file is not None and not Path(vault.password_file).is_file():

@@ -48,6 +48,7 @@ from dsctl.adapters import gateway as gateway_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
 from dsctl.core.fleet.versions import same_version
+from dsctl.core.load import limits
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.serving.multinode import MultiNodeError
@@ -152,6 +153,13 @@ class UpgradeInputs:
         w = self.workload
         if w.requests < 1 or w.concurrency < 1:
             raise UsageError("--probe-requests and --probe-concurrency: must be at least 1")
+        try:  # the bounds of every probe (dsctl.core.load.limits; the command line's callbacks apply them too)
+            limits.check("--probe-requests", w.requests, limits.MAX_REQUESTS, "requests of one probe")
+            limits.check("--probe-concurrency", w.concurrency, limits.MAX_CONCURRENCY, "requests in flight")
+            if self.canary is not None:
+                limits.check("--canary", self.canary, limits.MAX_HOSTS, "hosts")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         # Parsed here, not at the first baseline probe: after dsctl check has contacted every host.
         for option, spec in (("--probe-prompt-tokens", w.prompt_tokens), ("--probe-output-tokens", w.output_tokens)):
             try:
