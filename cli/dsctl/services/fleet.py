@@ -51,6 +51,26 @@ class Fleet:
         """Every gateway valid and fronting services the fleet runs (GatewayError, one line, exit 2)."""
         gateway.check_gateways(self.gateway_vars, self.fleet_vars or self.hostvars)
 
+    def check_controller_files(self) -> None:
+        """The controller's files provision reads, there before any play (UsageError naming the setting, exit 2):
+        a directory dsctl_package_source and its SHA256SUMS, and each serving stack's dsctl_pip_lock.
+        ascend_preflight and serving_stack look them up on the controller only after the hosts were reached; an
+        http(s) source is fetched by the play (and the hosts), so it is not checked here."""
+        for host, settings in sorted(self.settings.items()):
+            source = str(settings.dsctl_package_source)
+            if not source.startswith(("http://", "https://")):
+                if not Path(source).is_dir():
+                    raise UsageError(f"dsctl_package_source: {source} (host {host}) is not a directory on the "
+                                     "controller; put the .run files and their SHA256SUMS there, or give the "
+                                     "http(s) URL of a mirror")
+                if not (Path(source) / "SHA256SUMS").is_file():
+                    raise UsageError(f"dsctl_package_source: {source}/SHA256SUMS (host {host}) not found on the "
+                                     "controller; write it beside the .run files (sha256sum *.run > SHA256SUMS)")
+            lock = settings.dsctl_pip_lock
+            if lock is not None and settings.stack is not None and not Path(lock).is_file():
+                raise UsageError(f"dsctl_pip_lock: {lock} (host {host}) is not a file on the controller; write it "
+                                 "with dsctl wheelhouse build, or leave the setting out to use the wheelhouse's lock")
+
     def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
              only: Collection[str] | None = None, groups: list[Any] | None = None) -> dict[str, Any]:
         """The dsctl_plan extra var of these hosts (host_plan.plan_fleet over the settings validated here);

@@ -82,6 +82,7 @@ class ProvisionResult:
 def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: ProgressSink = no_progress
               ) -> ProvisionResult:
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
+    fleet.check_controller_files()
     if inputs.upgrade_guard and not inputs.check:
         from dsctl.services.upgrade import unfinished_upgrade
 

@@ -655,6 +655,7 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
     fleet = load_fleet(inputs.inventory, vault=inputs.vault)
     # As deploy does: a gateway the play would refuse is refused here, before dsctl check, a probe or a drain.
     fleet.check_gateways()
+    fleet.check_controller_files()  # the packages and locks the provision of each batch reads, before dsctl check
     path = inputs.state_path()
     if not path.is_file() and inputs.legacy_state_path().is_file():
         path = inputs.legacy_state_path()
