@@ -82,7 +82,6 @@ class ProvisionResult:
 def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: ProgressSink = no_progress
               ) -> ProvisionResult:
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
-    fleet.check_controller_files()
     if inputs.upgrade_guard and not inputs.check:
         from dsctl.services.upgrade import unfinished_upgrade
 
@@ -92,6 +91,7 @@ def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: Progres
     extra: dict[str, Any] = {host_plan.PLAN_VAR: fleet.plan()}
     if inputs.allow_downgrade:
         extra[host_plan.ALLOW_DOWNGRADE_VAR] = True
+    fleet.check_controller_files()  # last of the checks (the inventory's own come first), before the play
     run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=inputs.check, diff=inputs.diff,
                      tags=inputs.tags, forks=inputs.forks, vault=inputs.vault, on_event=progress,
                      extra_vars=extra, artifacts_dir=inputs.artifacts_dir)

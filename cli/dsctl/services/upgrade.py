@@ -565,6 +565,7 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
         # An incompatible stack is a plan problem, reported as the plan's are (the table, --json's envelope).
         problems = [str(refused)]
         return UpgradePlan(hosts=(), batches=(), unchanged=(), problems=tuple(problems)), problems, {}
+    fleet.check_controller_files()  # the packages and locks each batch's provision reads, before dsctl check
     checked = check_verb.check(runner, check_verb.CheckInputs(inventory=inputs.inventory, vault=inputs.vault),
                                progress)
     problems: list[str] = []
@@ -655,7 +656,6 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
     fleet = load_fleet(inputs.inventory, vault=inputs.vault)
     # As deploy does: a gateway the play would refuse is refused here, before dsctl check, a probe or a drain.
     fleet.check_gateways()
-    fleet.check_controller_files()  # the packages and locks the provision of each batch reads, before dsctl check
     path = inputs.state_path()
     if not path.is_file() and inputs.legacy_state_path().is_file():
         path = inputs.legacy_state_path()
@@ -696,6 +696,7 @@ def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, prog
         if changed:
             raise UsageError(f"--resume: the inventory changed since the upgrade began ({'; '.join(changed)}); "
                              "restore it, or undo the upgrade with --rollback")
+        fleet.check_controller_files()  # what the provision of the remaining (or rolled back) batches reads
     else:
         # Before any host is contacted: the versions this upgrade installs must be recordable in the inventory
         # (issue 20), or the next provision would switch the fleet back.
