@@ -161,7 +161,8 @@ def run(
                             "instance and per NPU; goodput or throughput: at --rate (the default with --rate) or at "
                             "the highest rate that held.")] = None,
     budget: Annotated[int | None, typer.Option(
-        "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.")] = None,
+        "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.",
+        callback=bounded(None, tune_verb.MAX_BUDGET, "evaluations"))] = None,
     slots: Annotated[int | None, typer.Option(
         "--slots", help="Evaluations at once: --simulate's (default 1); live, at most this many of the service's "
                         "instances are trial slots (default: all).",
