@@ -13,6 +13,7 @@ import yaml
 from dsctl import ui
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import yaml_bounds
+from dsctl.core.load import limits
 from dsctl.errors import UsageError
 from dsctl.services.context import AppContext
 from dsctl.services.ports import PlaybookRunner, ProgressSink
@@ -42,6 +43,25 @@ VaultFileOption = Annotated[Path | None, typer.Option(
     "--vault-password-file", help="File with the Ansible Vault password (or a script printing it); "
                                   "ANSIBLE_VAULT_PASSWORD_FILE works too.")]
 AskVaultOption = Annotated[bool, typer.Option("--ask-vault-pass", help="Prompt once for the Ansible Vault password.")]
+
+Number = TypeVar("Number", int, float)
+
+
+def bounded(low: float | None, high: float | None, what: str, why: str = ""
+            ) -> Callable[[typer.CallbackParam, Number | None], Number | None]:
+    """A Typer option callback: the one number rule (`dsctl.core.load.limits.number`: finite, within [low, high])
+    applied while the command line is parsed, before the command runs; every int and float option takes it."""
+    def check(param: typer.CallbackParam, value: Number | None) -> Number | None:
+        if value is None:
+            return value
+        option = max((opt for opt in param.opts if opt.startswith("--")), key=len, default=str(param.name))
+        try:
+            limits.number(option, value, low, high, what, why)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return value
+    return check
+
 
 Inputs = TypeVar("Inputs")
 Result = TypeVar("Result", bound="VerbResult")

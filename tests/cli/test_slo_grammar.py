@@ -29,6 +29,8 @@ ACCEPTED = [
 REFUSED = [
     "ttft", "ttft=fast", "ttft=200us", "ttft<200ms", "ttft:p98=200ms", "ttfb=200ms", "ttft=0", "ttft=5%",
     "ttft=1s,,tpot=5ms", "ttft=1s,ttft=2s", "error_rate:p99=1%",
+    # numbers that are no latency (issue 41): 400 digits (float() reads inf), more than a day, under a microsecond
+    "ttft=" + "9" * 400 + "ms", "ttft:" + "9" * 400, "e2el=100000s", "tpot=0.0000001ms",
 ]
 
 

@@ -28,6 +28,19 @@ SAMPLE = REPO / "inventories" / "sample" / "hosts.yml"
 HOSTS = ("atlas-a01", "atlas-a02")
 
 
+@pytest.fixture
+def provisionable(tmp_path) -> Path:
+    """The sample inventory with its dsctl_package_source a directory on this controller (the sample's
+    /srv/ascend-packages is an example path): provision refuses a missing one before any play (issue 41)."""
+    root = tmp_path / "sample"
+    shutil.copytree(SAMPLE.parent, root)
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    (packages / "SHA256SUMS").write_text("")
+    (root / "group_vars" / "npu_nodes" / "zz-packages.yml").write_text(f"dsctl_package_source: {packages}\n")
+    return root / "hosts.yml"
+
+
 def ev(event: str, host: str | None = None, task: str = "", role: str | None = "inference_service", **fields) -> dict:
     base = {"event": event, "task": task, "role": role}
     if host:
@@ -84,7 +97,7 @@ def test_a_bad_override_stops_deploy_before_any_play(fake_ansible, capsys, tmp_p
     assert not (tmp_path / "argv.json").exists()  # ansible-playbook never started
 
 
-def test_provision_verb_called_directly_returns_a_frozen_result(fake_ansible):
+def test_provision_verb_called_directly_returns_a_frozen_result(fake_ansible, provisionable):
     report = {"status": "ok", "versions": {"driver": {"installed": "25.5.0", "running": "24.1.rc3"},
                                            "firmware": {"installed": "7.8.0.5.216"},
                                            "cann": {"active": "8.5.0", "installed": ["8.3.RC2", "8.5.0"]},
@@ -97,7 +110,7 @@ def test_provision_verb_called_directly_returns_a_frozen_result(fake_ansible):
               stats(**{"atlas-a01": {"ok": 1}, "atlas-a02": {"unreachable": 1}})]
     fake_ansible(4, events)
     seen: list[dict] = []
-    result = provision(AnsiblePlaybookRunner(), ProvisionInputs(inventory=SAMPLE, forks=2), seen.append)
+    result = provision(AnsiblePlaybookRunner(), ProvisionInputs(inventory=provisionable, forks=2), seen.append)
     assert [e["event"] for e in seen] == [e["event"] for e in events]
     assert result.exit_status == ExitStatus.HOSTS_UNREACHABLE and result.rerun == ("atlas-a02",)
     one, two = result.hosts
@@ -130,10 +143,10 @@ REPORT = {"status": "ok", "findings": [], "npus": {},
                        "vllm_ascend": "0.13.0"}}
 
 
-def test_provision_shows_each_env_value_with_its_source_and_confidence(fake_ansible, capsys):
+def test_provision_shows_each_env_value_with_its_source_and_confidence(fake_ansible, capsys, provisionable):
     # the sample inventory applies the long-context profile (the field guide's memory env)
     fake_ansible(0, _report_events({h: REPORT for h in HOSTS}))
-    code = main(["provision", str(SAMPLE)])
+    code = main(["provision", str(provisionable)])
     out = re.sub(r" {2,}", " ", capsys.readouterr().out)  # the values are padded to one column
     assert code == 0, out
     assert "NPU env of atlas-a01, atlas-a02:" in out
@@ -252,11 +265,11 @@ def test_vault_password_file_reaches_ansible(fake_ansible, tmp_path, capsys):
                                             f"{tmp_path / 'nope'} is not a file\n")
 
 
-def test_ask_vault_pass_prompts_once_and_leaves_no_password_behind(fake_ansible, monkeypatch, capsys):
+def test_ask_vault_pass_prompts_once_and_leaves_no_password_behind(fake_ansible, monkeypatch, capsys, provisionable):
     fake_ansible(0, [stats(**{h: {"ok": 1} for h in HOSTS})])
     prompts = []
     monkeypatch.setattr("getpass.getpass", lambda prompt: prompts.append(prompt) or "s3cr3t vault pass")
-    assert main(["provision", str(SAMPLE), "--ask-vault-pass", "--json"]) == 0
+    assert main(["provision", str(provisionable), "--ask-vault-pass", "--json"]) == 0
     assert prompts == ["Vault password: "]
     envelope = json.loads(capsys.readouterr().out)
     argv = fake_ansible.argv()

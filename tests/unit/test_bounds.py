@@ -196,3 +196,32 @@ def test_an_unwritable_directory_is_refused(tmp_path):
     locked.mkdir(mode=0o500)
     with pytest.raises(UsageError, match="--record .*not writable"):
         output_paths.check_file("--record", locked / "r.jsonl")
+
+
+# -- the one number rule (issue 41) ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "low", "high", "needle"), [
+    (float("nan"), 0, 1, "--x nan: not a finite number; give a finite value in units, from 0 to 1"),
+    (float("inf"), None, 10, "--x inf: not a finite number; give a finite value in units, up to 10"),
+    (float("-inf"), None, None, "--x -inf: not a finite number"),
+    (float("9" * 400), 0, None, "--x inf: not a finite number"),  # float() reads 400 digits as inf
+    (int("9" * 400), 0, 10, "--x (a 400-digit number): more than the 10 units dsctl allows; lower it"),
+    (-1, 0, 10, "--x must be at least 0, got -1; raise it"),
+    (10.5, 0, 10, "--x 10.5: more than the 10 units dsctl allows; lower it"),
+])
+def test_the_number_rule_refuses_what_is_not_finite_or_out_of_bounds(value, low, high, needle):
+    with pytest.raises(ValueError) as refused:
+        limits.number("--x", value, low, high, "units")
+    assert needle in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("value", [0, 10, 0.0, 10.0, 5.5])
+def test_the_number_rule_takes_its_bounds_themselves(value):
+    limits.number("--x", value, 0, 10, "units")
+
+
+@pytest.mark.parametrize("text", ["normal:1e308:1e308", "normal:nan:1", "normal:inf:1", "normal:1:nan",
+                                  f"uniform:1:{'9' * 400}", "9" * 400])
+def test_a_length_that_overflows_is_refused_before_any_arithmetic(text):
+    with pytest.raises(ValueError, match="--prompt-tokens"):
+        LengthSpec.parse(text, "--prompt-tokens")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dsctl.core.load.slo_spec import Slo, is_term, lex, parse_slos, refuse_unsupported
@@ -76,3 +78,14 @@ def test_an_unsupported_metric_is_refused_naming_what_is_supported():
 def test_goodput_slos_take_the_tightest_bound_per_metric_at_its_statistic():
     slos = parse_slos(["ttft:p50=100ms,ttft:p99=300ms,itl=50ms,e2el:mean=2s,error_rate=1%"])
     assert goodput_slos(slos) == (Slo("ttft", "p50", 100.0), Slo("e2el", "mean", 2000.0))
+
+
+@pytest.mark.parametrize(("term", "needle"), [
+    ("ttft=" + "9" * 400 + "ms", "--slo ttft inf: not a finite number"),
+    ("e2el:" + "9" * 400, "--slo e2el inf: not a finite number"),
+    ("e2el=100000s", "more than the 86400000 ms dsctl allows (a day)"),
+    ("tpot=0.0000001ms", "--slo tpot must be at least 0.001"),
+])
+def test_a_latency_bound_is_finite_and_between_a_microsecond_and_a_day(term, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        parse_slos([term])

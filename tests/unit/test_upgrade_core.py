@@ -184,7 +184,10 @@ def test_the_gate_judges_slos_on_the_new_stack_alone():
 @pytest.mark.parametrize(("text", "message"), [
     ("ttft=10", r"expected TERM\[:STAT\]=P%"), ("ttft=10ms", r"expected TERM\[:STAT\]=P%"),
     ("speed=5%", "unknown term 'speed'"), ("ttft.p77=5%", "unknown statistic"), ("ttft:p77=5%", "unknown statistic"),
-    ("throughput.p90=5%", "takes no statistic"), ("ttft=5%,ttft=6%", "given twice"), ("", "empty")])
+    ("throughput.p90=5%", "takes no statistic"), ("ttft=5%,ttft=6%", "given twice"), ("", "empty"),
+    # issue 41: a throughput falls by 100 % at most; a percentage is finite
+    ("throughput=150%", "more than the 100 % of drop"), ("ttft=" + "9" * 400 + "%", "not a finite number"),
+    ("ttft=20000%", "more than the 10000 % of growth")])
 def test_bad_max_regression_is_a_usage_error(text, message):
     with pytest.raises(UsageError, match=message) as caught:
         gate.parse_max_regression(text)

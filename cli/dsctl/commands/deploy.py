@@ -17,11 +17,13 @@ from dsctl.cli_options import (
     LimitOption,
     VaultFileOption,
     VerboseOption,
+    bounded,
     parse_params,
     report,
     run_playbook_verb,
     vault_options,
 )
+from dsctl.core.load import limits
 from dsctl.services.deploy import DeployInputs, DeployResult, RenderResult, deploy, render
 
 COLUMNS = ["host", "instance", "engine", "NPUs", "port", "status", "endpoint"]
@@ -33,7 +35,8 @@ def run(
     limit: LimitOption = None,
     check: CheckOption = False,
     diff: DiffOption = False,
-    serial: Annotated[int | None, typer.Option("--serial", min=1, help="Hosts deployed at a time.")] = None,
+    serial: Annotated[int | None, typer.Option("--serial", min=1, help="Hosts deployed at a time.",
+                                                            callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = None,
     instance: Annotated[list[str] | None, typer.Option(
         "--instance", help="Only this instance (chat-1) or service (chat); repeatable. Default: all.")] = None,
     param: Annotated[list[str] | None, typer.Option(

@@ -7,26 +7,36 @@ from typing import Annotated
 import typer
 
 from dsctl import ui
+from dsctl.cli_options import bounded
+from dsctl.core.load import limits
 from dsctl.core.perf.estimate import WEIGHT_FORMATS, Estimate, duration_text, estimate, parse_slo
 from dsctl.core.perf.perfmodel import Chip, chip_by_name, model_by_name
 from dsctl.errors import ExitStatus, UsageError
 
 COLUMNS = ["quantity", "value", "how"]
+_TOKENS = bounded(1, limits.MAX_TOKENS, "tokens per request")
 
 
 def show(
     chip: Annotated[str, typer.Option("--chip", help="Chip profile, e.g. 910B3, 910B4, H100-SXM.")],
     model: Annotated[str, typer.Option("--model", help="Model profile, e.g. deepseek-v3, r1, v2-lite, r1-7b.")],
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="Input tokens per request.")],
-    output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="Output tokens per request.")] = 256,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="Input tokens per request.",
+                                                     callback=_TOKENS)],
+    output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="Output tokens per request.",
+                                                     callback=_TOKENS)] = 256,
     chips: Annotated[int, typer.Option("--chips", min=1, help="NPUs of the instance (the tensor-parallel group "
-                                                              "without --expert-parallel).")] = 1,
+                                                              "without --expert-parallel).",
+                                        callback=bounded(1, limits.MAX_CHIPS, "NPUs of one instance",
+                                                         limits.MAX_CHIPS_WHY))] = 1,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Hosts the chips span, chips / nodes each (must "
-                                                              "divide --chips); adds the traffic between hosts.")] = 1,
+                                                              "divide --chips); adds the traffic between hosts.",
+                                        callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = 1,
     expert_parallel: Annotated[bool, typer.Option(
         "--expert-parallel", help="Shard a MoE model's experts over all chips (vllm-ascend --enable-expert-parallel): "
                                   "attention in TP groups inside a host, expert all-to-all per MoE layer.")] = False,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Requests in flight.")] = 1,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", min=1, help="Requests in flight.",
+        callback=bounded(1, limits.MAX_CONCURRENCY, "requests in flight"))] = 1,
     weights: Annotated[str, typer.Option("--weights", help="Weight format: bf16 or int8 (W8A8).")] = "bf16",
     slo: Annotated[str | None, typer.Option(
         "--slo", help="SLOs: ttft=200ms,tpot=50ms,e2el=10s, ttft:mean=150ms (a percentile binds the burst's worst "

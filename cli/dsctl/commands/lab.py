@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from dsctl import ui
-from dsctl.core.lab.plan import DEFAULT_NAME, DEFAULT_SUBNET
+from dsctl.cli_options import bounded
+from dsctl.core.lab.plan import DEFAULT_NAME, DEFAULT_SUBNET, MAX_DISK_GB, MAX_HOSTS, MAX_NPUS
 from dsctl.errors import DsctlError, ExitStatus
 from dsctl.lab import service
 from dsctl.lab.faults import FaultKind
@@ -30,8 +31,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON result 
 
 @app.command()
 def up(
-    hosts: Annotated[int, typer.Option("--hosts", help="Number of lab hosts.")] = 2,
-    npus: Annotated[int, typer.Option("--npus", help="NPUs per host.")] = 8,
+    hosts: Annotated[int, typer.Option("--hosts", help="Number of lab hosts.",
+                                       callback=bounded(1, MAX_HOSTS, "lab hosts"))] = 2,
+    npus: Annotated[int, typer.Option("--npus", help="NPUs per host.", callback=bounded(1, MAX_NPUS, "NPUs"))] = 8,
     chip: Annotated[str, typer.Option("--chip", help="Emulated board: 910B3, 910B4, 910B2C or 910.")] = "910B3",
     driver: Annotated[str | None, typer.Option("--driver", help="Preinstall this NPU driver (HDK) version.")] = None,
     firmware: Annotated[
@@ -41,7 +43,8 @@ def up(
     subnet: Annotated[str | None, typer.Option(
         "--subnet", help=f"Lab network (IPv4; default {DEFAULT_SUBNET} for the lab named lab, else the first free "
                          "10.78.K.0/24).")] = None,
-    disk_gb: Annotated[int, typer.Option("--disk-gb", help="Disk size each host reports.")] = 64,
+    disk_gb: Annotated[int, typer.Option("--disk-gb", help="Disk size each host reports.",
+                                         callback=bounded(1, MAX_DISK_GB, "GB"))] = 64,
     name: NameOption = None,
     root: RootOption = None,
     as_json: JsonOption = False,
@@ -109,7 +112,8 @@ def fault(
     host: Annotated[str, typer.Argument(help="Lab host name, e.g. lab-01.")],
     kind: Annotated[FaultKind, typer.Argument(help="What to break (or mend).", case_sensitive=False)],
     npu: Annotated[int | None, typer.Option(
-        "--npu", help="NPU id, for chip-unhealthy / chip-healthy, link-down / link-up and hccn-conf-wrong.")] = None,
+        "--npu", help="NPU id, for chip-unhealthy / chip-healthy, link-down / link-up and hccn-conf-wrong.",
+        callback=bounded(0, MAX_NPUS - 1, "", " (the highest NPU id of a lab host)"))] = None,
     health: Annotated[str, typer.Option("--health", help="Health to report: Warning, Alarm or Critical.")] = "Critical",
     component: Annotated[
         str,

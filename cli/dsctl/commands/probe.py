@@ -19,8 +19,8 @@ from typing import Annotated, Any
 import typer
 
 from dsctl import ui
-from dsctl.cli_options import app_context
-from dsctl.core.load import probe_metrics, slo_spec
+from dsctl.cli_options import app_context, bounded
+from dsctl.core.load import limits, probe_metrics, slo_spec
 from dsctl.errors import UsageError
 from dsctl.services.probe import DEFAULT_REQUESTS, ProbeConfig, probe
 from dsctl.ui_progress import ProbeProgress
@@ -36,6 +36,11 @@ def parse_time_scale(text: str) -> float | None:
                          "second (1 = real time)") from None
 
 
+_SECONDS = bounded(None, limits.SECONDS_PER_DAY, "seconds")
+_SHARE = bounded(0, 1, "", " (a share)")
+MAX_BURSTINESS = 10_000  # a gamma shape k has a coefficient of variation of 1/sqrt(k): 1 % at 10 000
+
+
 def parse_rate(text: str | None) -> float | None:
     if text is None:
         return None
@@ -45,6 +50,10 @@ def parse_rate(text: str | None) -> float | None:
         raise UsageError(f"--rate {text!r}: expected requests per second (a number, or inf)") from None
     if not value > 0 or math.isnan(value):
         raise UsageError(f"--rate {text!r}: must be positive (or inf)")
+    if math.isinf(value) and text.strip().lower() not in ("inf", "+inf", "infinity", "+infinity"):
+        # only the word means "all at once": a number too large for a float (1e400, 400 digits) is a typo
+        raise UsageError(f"--rate {text!r}: too large to be a rate; give requests per second, or the word inf "
+                         "to send all at once")
     return value
 
 
@@ -179,17 +188,24 @@ def run(
     rate: Annotated[str | None, typer.Option("--rate", help="Open loop: requests/s (float, or inf = all at once).")
                     ] = None,
     concurrency: Annotated[int | None, typer.Option(
-        "--concurrency", help="Alone: a closed loop of C streams. With --rate: a cap on in-flight requests.")] = None,
+        "--concurrency", help="Alone: a closed loop of C streams. With --rate: a cap on in-flight requests.",
+        callback=bounded(None, limits.MAX_CONCURRENCY, "requests in flight"))] = None,
     arrival: Annotated[str | None, typer.Option(
         "--arrival", help="constant | poisson (default) | gamma | ramp.")] = None,
     burstiness: Annotated[float | None, typer.Option(
-        "--burstiness", help="Gamma shape as in vLLM: 1 Poisson, <1 burstier, >1 more regular.")] = None,
+        "--burstiness", help="Gamma shape as in vLLM: 1 Poisson, <1 burstier, >1 more regular.",
+        callback=bounded(None, MAX_BURSTINESS, "", " (a gamma shape beyond it is a constant rate: --arrival constant)"))
+    ] = None,
     ramp_to: Annotated[float | None, typer.Option(
-        "--ramp-to", help="Ramp: the rate goes linearly from --rate to this over the duration.")] = None,
+        "--ramp-to", help="Ramp: the rate goes linearly from --rate to this over the duration.",
+        callback=bounded(None, None, "requests per second"))] = None,
     requests: Annotated[int | None, typer.Option(
-        "--requests", help=f"Measured requests (default {DEFAULT_REQUESTS} unless --duration).")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", help="Stop sending after S seconds.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Requests sent first and left out of every metric.")] = 0,
+        "--requests", help=f"Measured requests (default {DEFAULT_REQUESTS} unless --duration).",
+        callback=bounded(None, limits.MAX_REQUESTS, "requests of one probe"))] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Stop sending after S seconds.",
+                                                   callback=_SECONDS)] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Requests sent first and left out of every metric.",
+                                        callback=bounded(None, limits.MAX_REQUESTS, "requests of one probe"))] = 0,
     prompt_tokens: Annotated[str, typer.Option(
         "--prompt-tokens", help="N, uniform:LO:HI or normal:MEAN:STD: exact by the engine's rule, or by --tokenizer.")
     ] = "512",
@@ -198,7 +214,8 @@ def run(
     prompts: Annotated[Path | None, typer.Option(
         "--prompts", help="JSONL of {\"prompt\": ...} or {\"messages\": [...]}, optional output_tokens.")] = None,
     shared_prefix: Annotated[float, typer.Option(
-        "--shared-prefix", help="Share (0.0-1.0) of each prompt that is a prefix common to all requests.")] = 0.0,
+        "--shared-prefix", help="Share (0.0-1.0) of each prompt that is a prefix common to all requests.",
+        callback=_SHARE)] = 0.0,
     goodput: Annotated[list[str] | None, typer.Option(
         "--goodput", help="Per-request SLO bounds (keys ttft, tpot, e2el): vLLM's ttft:200 tpot:50 (ms), or "
                           "ttft=200ms, or ttft:p95=200ms to judge that bound at p95 instead of --slo-stat.")
@@ -210,11 +227,13 @@ def run(
     early_stop: Annotated[bool, typer.Option(
         "--early-stop", help="End the probe as soon as the SLO is certainly missed (exit 6).")] = False,
     timeout: Annotated[float, typer.Option(
-        "--timeout", help="Seconds per request (connect 10 s and idle 60 s at most, within it).")] = 300.0,
+        "--timeout", help="Seconds per request (connect 10 s and idle 60 s at most, within it).",
+        callback=_SECONDS)] = 300.0,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="DSCTL_API_KEY", show_envvar=True, show_default=False,
         help="Bearer token for the server (never printed).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for arrivals and prompts.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for arrivals and prompts.",
+                                      callback=bounded(0, limits.MAX_SEED, "", " (numpy's seed range, as tune)"))] = 0,
     ignore_eos: Annotated[bool, typer.Option(
         "--ignore-eos/--no-ignore-eos", help="Ask the server to generate exactly max_tokens (vLLM ignore_eos).")
     ] = True,
@@ -222,8 +241,8 @@ def run(
     record: Annotated[Path | None, typer.Option(
         "--record", help="Write one JSON line per measured request to this file.")] = None,
     max_error_rate: Annotated[float, typer.Option(
-        "--max-error-rate", help="Largest share of failed requests that still counts as a valid run (exit 9 above it).")
-    ] = probe_metrics.DEFAULT_MAX_ERROR_RATE,
+        "--max-error-rate", help="Largest share of failed requests that still counts as a valid run (exit 9 above it).",
+        callback=_SHARE)] = probe_metrics.DEFAULT_MAX_ERROR_RATE,
     request_id_header: Annotated[str, typer.Option(
         "--request-id-header", help="Header carrying each request's UUID (none: send no request id).")
     ] = "x-request-id",

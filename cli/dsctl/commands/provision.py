@@ -17,10 +17,12 @@ from dsctl.cli_options import (
     LimitOption,
     VaultFileOption,
     VerboseOption,
+    bounded,
     report,
     run_playbook_verb,
     vault_options,
 )
+from dsctl.core.load import limits
 from dsctl.services.provision import ProvisionInputs, ProvisionResult, provision
 
 COLUMNS = ["host", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "changed", "status"]
@@ -33,7 +35,8 @@ def run(
     check: CheckOption = False,
     diff: DiffOption = False,
     tags: Annotated[str | None, typer.Option("--tags", help="Only tasks with these Ansible tags.")] = None,
-    forks: Annotated[int | None, typer.Option("--forks", min=1, help="Hosts worked on in parallel.")] = None,
+    forks: Annotated[int | None, typer.Option("--forks", min=1, help="Hosts worked on in parallel.",
+                                                           callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = None,
     vault_password_file: VaultFileOption = None,
     ask_vault_pass: AskVaultOption = False,
     verbose: VerboseOption = False,

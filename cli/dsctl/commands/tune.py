@@ -19,7 +19,8 @@ import typer
 from dsctl import ui
 from dsctl.adapters import output_paths
 from dsctl.adapters.ansible_run import new_artifacts_dir, runs_dir
-from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, vault_options
+from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, bounded, vault_options
+from dsctl.core.load import limits
 from dsctl.core.tune import capacity, quality
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.errors import UsageError
@@ -160,14 +161,17 @@ def run(
                             "instance and per NPU; goodput or throughput: at --rate (the default with --rate) or at "
                             "the highest rate that held.")] = None,
     budget: Annotated[int | None, typer.Option(
-        "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.")] = None,
+        "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.",
+        callback=bounded(None, tune_verb.MAX_BUDGET, "evaluations"))] = None,
     slots: Annotated[int | None, typer.Option(
         "--slots", help="Evaluations at once: --simulate's (default 1); live, at most this many of the service's "
-                        "instances are trial slots (default: all).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seeds the sampler and the requests.")] = 0,
+                        "instances are trial slots (default: all).",
+        callback=bounded(1, limits.MAX_CONCURRENCY, "evaluations at once"))] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the sampler and the requests.",
+                                      callback=bounded(0, limits.MAX_SEED, "", " (numpy's seed range)"))] = 0,
     rate: Annotated[float | None, typer.Option(
-        "--rate", help="Request rate (req/s, Poisson); default: search each candidate's highest SLO-holding rate."
-    )] = None,
+        "--rate", help="Request rate (req/s, Poisson); default: search each candidate's highest SLO-holding rate.",
+        callback=bounded(None, None, "requests per second"))] = None,
     param: Annotated[list[str] | None, typer.Option(
         "--param", help="Narrow, pin or add a knob: name=lo:hi[:log] or name=a,b,c (repeatable).")] = None,
     prompt_tokens: Annotated[str, typer.Option(
@@ -178,18 +182,21 @@ def run(
         "--requests", help="Floor on a probe's measured requests. By default each probe has 10 requests beyond the "
                            "SLO's percentile (p99: 1000, p95: 200, p90: 100, mean/median: 50), plus a warm-up at "
                            "the same rate (10 %, at least 10) outside the statistics, and a window of at least "
-                           "--window: requests = max(rule, rate x window). A value below the rule is refused.")
-    ] = None,
+                           "--window: requests = max(rule, rate x window). A value below the rule is refused.",
+        callback=bounded(None, limits.MAX_REQUESTS, "requests of one probe"))] = None,
     window: Annotated[float | None, typer.Option(
         "--window", help="A probe's least measured window, seconds: --simulate's virtual time (default 300) or, "
                          "live, the engine's modelled time (default 10). Longer windows give steadier capacity "
-                         "verdicts and cost proportionally more.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Live: requests before each trial's first probe.")] = 4,
+                         "verdicts and cost proportionally more.",
+        callback=bounded(None, None, "seconds"))] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Live: requests before each trial's first probe.",
+                                        callback=bounded(0, limits.MAX_REQUESTS, "requests of one probe"))] = 4,
     min_agreement: Annotated[float, typer.Option(
-        "--min-agreement", help="Lossy knobs: the least share of greedy output equal to the baseline's.")
-    ] = quality.DEFAULT_MIN_AGREEMENT,
+        "--min-agreement", help="Lossy knobs: the least share of greedy output equal to the baseline's.",
+        callback=bounded(0, 1, "", " (a share of the output)"))] = quality.DEFAULT_MIN_AGREEMENT,
     max_time: Annotated[float | None, typer.Option(
-        "--max-time", help="Live: start no trial after this many seconds.")] = None,
+        "--max-time", help="Live: start no trial after this many seconds.",
+        callback=bounded(None, limits.MAX_RUN_SECONDS, "seconds"))] = None,
     screen: Annotated[str, typer.Option(
         "--screen", help="model: the roofline bound, then dsctl's engine model (no restart for a candidate it "
                          "predicts to fail its start or miss by over 25 %); roofline: the bound only; none: start "
@@ -199,17 +206,19 @@ def run(
                              "inventory (comments kept; checked before the first restart).")] = False,
     npus: Annotated[int | None, typer.Option(
         "--npus", help="--simulate: NPUs of one instance, over all its hosts (default 1; with --nodes N: N x "
-                       "--npus-per-node).")] = None,
+                       "--npus-per-node).", callback=bounded(1, limits.MAX_CHIPS, "NPUs of one instance"))] = None,
     nodes: Annotated[int, typer.Option(
         "--nodes", help="--simulate: hosts one instance spans (vllm-ascend Multi-Node-DP): the layout (TP per DP rank "
-                        "inside a host, DP, expert parallel for MoE models) is searched with the other knobs.")] = 1,
+                        "inside a host, DP, expert parallel for MoE models) is searched with the other knobs.",
+        callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = 1,
     npus_per_node: Annotated[int | None, typer.Option(
         "--npus-per-node", help="--simulate with --nodes: NPUs of each host (default: a host's, 8 on an Atlas 800T "
-                                "A2).")] = None,
+                                "A2).", callback=bounded(1, limits.MAX_CHIPS, "NPUs of one host"))] = None,
     weights: Annotated[str | None, typer.Option(
         "--weights", help="--simulate: weight format, bf16 (default) or int8 (W8A8), as dsctl estimate.")] = None,
     max_model_len: Annotated[int | None, typer.Option(
-        "--max-model-len", help="--simulate: the engine's max_model_len (default: the model's).")] = None,
+        "--max-model-len", help="--simulate: the engine's max_model_len (default: the model's).",
+        callback=bounded(None, limits.MAX_TOKENS, "tokens per request"))] = None,
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the study in this run directory (same space, SLOs and objective).")] = None,
     limit: LimitOption = None,

@@ -17,9 +17,11 @@ from dsctl.cli_options import (
     VaultFileOption,
     VerboseOption,
     app_context,
+    bounded,
     report,
     vault_options,
 )
+from dsctl.core.load import limits
 from dsctl.core.upgrade import gate
 from dsctl.services.upgrade import GateWorkload, UpgradeInputs, UpgradeResult, upgrade
 from dsctl.ui_progress import PlaybookProgress
@@ -57,7 +59,8 @@ def run(
     = None,
     batch: Annotated[str, typer.Option("--batch", help="Hosts per batch: N, or P% of the fleet.")] = "1",
     canary: Annotated[int | None, typer.Option("--canary", min=0, help="Hosts of the first batch (default: one "
-                                                                       "batch).")] = None,
+                                                                       "batch).",
+                                                    callback=bounded(0, limits.MAX_HOSTS, "hosts"))] = None,
     max_regression: Annotated[str, typer.Option("--max-regression", help="Allowed probe regression against the "
                                                                           "baseline, e.g. ttft=10%,throughput=5%,"
                                                                           "ttft:p90=15% (latencies: the median "
@@ -71,8 +74,12 @@ def run(
     rollback: Annotated[bool, typer.Option("--rollback", help="Return every host the upgrade touched to its "
                                                               "previous stack.")] = False,
     probe_requests: Annotated[int, typer.Option("--probe-requests", min=1, help="Requests of each instance's "
-                                                                                "baseline and gate probe.")] = 24,
-    probe_concurrency: Annotated[int, typer.Option("--probe-concurrency", min=1, help="Streams of that probe.")] = 4,
+                                                                                "baseline and gate probe.",
+                                                            callback=bounded(1, limits.MAX_REQUESTS,
+                                                                             "requests of one probe"))] = 24,
+    probe_concurrency: Annotated[int, typer.Option("--probe-concurrency", min=1, help="Streams of that probe.",
+                                                               callback=bounded(1, limits.MAX_CONCURRENCY,
+                                                                                "requests in flight"))] = 4,
     probe_prompt_tokens: Annotated[str, typer.Option("--probe-prompt-tokens", help="Prompt length of that probe.")]
     = "128",
     probe_output_tokens: Annotated[str, typer.Option("--probe-output-tokens", help="Output length of that probe.")]

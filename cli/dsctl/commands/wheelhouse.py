@@ -10,8 +10,9 @@ import typer
 
 from dsctl import data, ui
 from dsctl.adapters.inventory import VaultOptions
-from dsctl.cli_options import AskVaultOption, JsonOption, VaultFileOption, vault_options
+from dsctl.cli_options import AskVaultOption, JsonOption, VaultFileOption, bounded, vault_options
 from dsctl.core.fleet.matrix import release_pins
+from dsctl.core.load import limits
 from dsctl.errors import UsageError
 from dsctl.services import fleet
 from dsctl.services.wheelhouse import DEFAULT_TIMEOUT, WheelhouseRequest, build
@@ -59,7 +60,9 @@ def build_cmd(
                                                    "machine's.")] = None,
     python: Annotated[list[str] | None, typer.Option("--python", help="The servers' major.minor Python "
                                                      "(repeatable); default 3.11.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each pip resolve may take.")] = DEFAULT_TIMEOUT,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds each pip resolve may take.",
+        callback=bounded(None, limits.SECONDS_PER_DAY, "seconds"))] = DEFAULT_TIMEOUT,
     vault_password_file: VaultFileOption = None,
     ask_vault_pass: AskVaultOption = False,
     as_json: JsonOption = False,

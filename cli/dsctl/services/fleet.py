@@ -11,6 +11,7 @@ from dsctl.adapters import inventory as inventory_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import inventory_schema
 from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.load import limits
 from dsctl.core.network.hccn_plan import NetworkPlan
 from dsctl.core.serving import gateway
 from dsctl.errors import UsageError
@@ -56,6 +57,26 @@ class Fleet:
             settings = inventory_schema.validate_fleet(fleet_vars) if declared else None
         gateway.check_gateways(self.gateway_vars, fleet_vars, settings)
 
+    def check_controller_files(self) -> None:
+        """The controller's files provision reads, there before any play (UsageError naming the setting, exit 2):
+        a directory dsctl_package_source and its SHA256SUMS, and each serving stack's dsctl_pip_lock.
+        ascend_preflight and serving_stack look them up on the controller only after the hosts were reached; an
+        http(s) source is fetched by the play (and the hosts), so it is not checked here."""
+        for host, settings in sorted(self.settings.items()):
+            source = str(settings.dsctl_package_source)
+            if not source.startswith(("http://", "https://")):
+                if not Path(source).is_dir():
+                    raise UsageError(f"dsctl_package_source: {source} (host {host}) is not a directory on the "
+                                     "controller; put the .run files and their SHA256SUMS there, or give the "
+                                     "http(s) URL of a mirror")
+                if not (Path(source) / "SHA256SUMS").is_file():
+                    raise UsageError(f"dsctl_package_source: {source}/SHA256SUMS (host {host}) not found on the "
+                                     "controller; write it beside the .run files (sha256sum *.run > SHA256SUMS)")
+            lock = settings.dsctl_pip_lock
+            if lock is not None and settings.stack is not None and not Path(lock).is_file():
+                raise UsageError(f"dsctl_pip_lock: {lock} (host {host}) is not a file on the controller; write it "
+                                 "with dsctl wheelhouse build, or leave the setting out to use the wheelhouse's lock")
+
     def plan(self, *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
              only: Collection[str] | None = None, groups: list[Any] | None = None) -> dict[str, Any]:
         """The dsctl_plan extra var of these hosts (host_plan.plan_fleet over the settings validated here);
@@ -83,6 +104,12 @@ def check_playbook_options(*, forks: int | None = None, serial: int | None = Non
         raise UsageError(f"--forks: {forks} should be at least 1")
     if serial is not None and serial < 1:
         raise UsageError(f"--serial: {serial} should be at least 1")
+    for option, hosts in (("--forks", forks), ("--serial", serial)):
+        if hosts is not None:
+            try:  # the one number rule (the command line's callback applies it too)
+                limits.check(option, hosts, limits.MAX_HOSTS, "hosts")
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
     if tags is not None and not tags.strip():
         raise UsageError("--tags: empty; name at least one tag or leave the option out")
     if vault is not None and vault.password_file is not None and not Path(vault.password_file).is_file():

@@ -18,6 +18,11 @@ from dsctl.services.runs import REPORT_FACT, failure_lines, hosts_to_rerun, vers
 
 PLAYBOOK = "provision.yml"
 DOWNGRADES_FACT = "ascend_preflight_downgrades"  # set by ascend_preflight: the parts moved to an older version
+# The tags of playbooks/provision.yml's roles (tests/unit keeps this equal to the playbook), and Ansible's special
+# ones (https://docs.ansible.com/ansible/latest/playbook_guide/playbooks_tags.html#special-tags): a tag the play
+# does not have would reach every host, run the preflight (tagged always) and then nothing.
+TAGS = ("driver", "network", "cann", "env", "serving", "validate")
+SPECIAL_TAGS = ("all", "always", "never", "tagged", "untagged")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class ProvisionInputs:
 
     def __post_init__(self) -> None:
         check_playbook_options(forks=self.forks, tags=self.tags, vault=self.vault)
+        for tag in (part.strip() for part in (self.tags or "").split(",")):
+            if tag and tag not in TAGS + SPECIAL_TAGS:
+                raise UsageError(f"--tags {tag}: provision has no such tag; use one or more of {', '.join(TAGS)}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,7 @@ def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: Progres
     extra: dict[str, Any] = {host_plan.PLAN_VAR: fleet.plan()}
     if inputs.allow_downgrade:
         extra[host_plan.ALLOW_DOWNGRADE_VAR] = True
+    fleet.check_controller_files()  # last of the checks (the inventory's own come first), before the play
     run = runner.run(PLAYBOOK, inputs.inventory, limit=inputs.limit, check=inputs.check, diff=inputs.diff,
                      tags=inputs.tags, forks=inputs.forks, vault=inputs.vault, on_event=progress,
                      extra_vars=extra, artifacts_dir=inputs.artifacts_dir)

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsctl.core.load import arrivals
+from dsctl.core.load import arrivals, limits
 from dsctl.core.load.workload import LengthSpec, Workload
-from dsctl.core.perf import engine_config, evaluate
+from dsctl.core.perf import engine_config, evaluate, perfmodel
 from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
 from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
@@ -180,6 +180,15 @@ def _check(inputs: TuneInputs) -> None:
         raise UsageError(f"--slots must be at least 1, got {inputs.slots}")
     if inputs.screen not in SCREENS:
         raise UsageError(f"--screen {inputs.screen!r}: use model, roofline or none")
+    # The search's own checks (--objective ...), here: before any run directory, trial or host.
+    search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
+                          objective=inputs.objective).check()
+    if inputs.max_model_len is not None:  # the engine refuses a context longer than the model's (vLLM: max_model_len)
+        context = perfmodel.model_by_name(inputs.model).max_model_len
+        try:  # one prompt token and one output token at least; at most the model's context
+            limits.number("--max-model-len", inputs.max_model_len, 2, context, f"tokens ({inputs.model}'s context)")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
 
 def resolve(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:

@@ -170,6 +170,9 @@ def _check(inputs: LiveTuneInputs) -> None:
         raise UsageError(f"--screen {inputs.screen!r}: use model, roofline or none")
     if inputs.max_time_s is not None and not inputs.max_time_s > 0:
         raise UsageError(f"--max-time must be a positive number of seconds, got {inputs.max_time_s:g}")
+    # The search's own checks (--objective, --min-agreement), here: before the fleet is read or contacted.
+    search.SearchSettings(budget=inputs.budget, seed=inputs.seed, objective=inputs.objective,
+                          min_agreement=inputs.min_agreement).check()
 
 
 def _profile(*names: str) -> str | None:

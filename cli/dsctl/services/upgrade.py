@@ -48,6 +48,7 @@ from dsctl.adapters import gateway as gateway_adapter
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
 from dsctl.core.fleet.versions import same_version
+from dsctl.core.load import limits
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.serving.multinode import MultiNodeError
@@ -152,6 +153,13 @@ class UpgradeInputs:
         w = self.workload
         if w.requests < 1 or w.concurrency < 1:
             raise UsageError("--probe-requests and --probe-concurrency: must be at least 1")
+        try:  # the bounds of every probe (dsctl.core.load.limits; the command line's callbacks apply them too)
+            limits.check("--probe-requests", w.requests, limits.MAX_REQUESTS, "requests of one probe")
+            limits.check("--probe-concurrency", w.concurrency, limits.MAX_CONCURRENCY, "requests in flight")
+            if self.canary is not None:
+                limits.check("--canary", self.canary, limits.MAX_HOSTS, "hosts")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         # Parsed here, not at the first baseline probe: after dsctl check has contacted every host.
         for option, spec in (("--probe-prompt-tokens", w.prompt_tokens), ("--probe-output-tokens", w.output_tokens)):
             try:
@@ -558,6 +566,7 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
         # An incompatible stack is a plan problem, reported as the plan's are (the table, --json's envelope).
         problems = [str(refused)]
         return UpgradePlan(hosts=(), batches=(), unchanged=(), problems=tuple(problems)), problems, {}
+    fleet.check_controller_files()  # the packages and locks each batch's provision reads, before dsctl check
     checked = check_verb.check(runner, check_verb.CheckInputs(inventory=inputs.inventory, vault=inputs.vault),
                                progress)
     problems: list[str] = []
@@ -688,6 +697,7 @@ def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, prog
         if changed:
             raise UsageError(f"--resume: the inventory changed since the upgrade began ({'; '.join(changed)}); "
                              "restore it, or undo the upgrade with --rollback")
+        fleet.check_controller_files()  # what the provision of the remaining (or rolled back) batches reads
     else:
         # Before any host is contacted: the versions this upgrade installs must be recordable in the inventory
         # (issue 20), or the next provision would switch the fleet back.

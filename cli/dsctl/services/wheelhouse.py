@@ -28,6 +28,7 @@ from urllib.request import url2pathname
 
 from dsctl.adapters import output_paths, pip_download
 from dsctl.core.fleet import sha256sums, wheel_lock
+from dsctl.core.load import limits
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 
 SUMS_FILE = "SHA256SUMS"
@@ -83,6 +84,10 @@ def check_request(request: WheelhouseRequest) -> None:
         raise UsageError("INVENTORY: no host of it has a serving stack (dsctl_vllm_ascend_version: none everywhere)")
     if request.timeout <= 0:
         raise UsageError(f"--timeout: {request.timeout:g} should be more than 0 seconds")
+    try:  # the one number rule (the command line's callback applies it too): no nan, no inf, at most a day
+        limits.number("--timeout", request.timeout, None, limits.SECONDS_PER_DAY, "seconds")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     for arch in request.arches:
         wheel_lock.normalized_arch(arch)
     for python in request.pythons:

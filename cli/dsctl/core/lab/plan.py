@@ -16,6 +16,7 @@ from dsctl.errors import UsageError
 
 MAX_HOSTS = 200
 MAX_NPUS = 16
+MAX_DISK_GB = 1_048_576  # a pebibyte: more than an Atlas server's disks; the size is the lab host's disk quota
 DEFAULT_NAME = "lab"
 DEFAULT_SUBNET = "10.78.0.0/24"
 # Named labs other than the default get the first free 10.78.K.0/24 (K = 1..255) unless --subnet says otherwise.
@@ -177,8 +178,8 @@ def plan_lab(
         raise UsageError(f"--chip {chip!r} is not an emulated board; choose one of: {', '.join(sorted(chips))}")
     if firmware and not driver:
         raise UsageError("--firmware needs --driver: firmware installs only on a host with a driver")
-    if disk_gb < 1:
-        raise UsageError(f"--disk-gb must be at least 1, got {disk_gb}")
+    if not 1 <= disk_gb <= MAX_DISK_GB:
+        raise UsageError(f"--disk-gb must be between 1 and {MAX_DISK_GB}, got {disk_gb}")
     try:
         network = ipaddress.ip_network(subnet)
     except ValueError as exc:

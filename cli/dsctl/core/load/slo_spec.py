@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsctl.core.load import limits
 from dsctl.errors import UsageError
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -37,6 +38,10 @@ METRICS = (*LATENCY_METRICS, ERROR_RATE)
 DEFAULT_STATISTIC = "p99"
 STATISTICS = ("mean", "p50", "p90", "p95", "p99")  # probe_metrics.PERCENTILES and the mean
 STAT_ALIASES = {"median": "p50", "avg": "mean", "average": "mean"}
+# A latency bound's range: a microsecond (below any HTTP round trip, so such a bound is always missed) to a day
+# (limits.SECONDS_PER_DAY). A 400-digit number is read as inf by float(): the bound refuses it.
+MIN_LATENCY_MS = 0.001
+MAX_LATENCY_MS = int(limits.SECONDS_PER_DAY * 1000)
 EXAMPLE = "e.g. ttft=200ms, ttft:p95=200ms, vLLM's ttft:200, tpot=50ms, e2el=2s or error_rate=1%"
 
 _NUMBER = r"(?P<number>[0-9]*\.?[0-9]+)(?P<unit>ms|s|%)?"
@@ -142,6 +147,10 @@ def to_slo(term: Term, option: str = "--slo", default_statistic: str = DEFAULT_S
     bound = term.number * 1000.0 if term.unit == "s" else term.number
     if not bound > 0:
         raise fail(f"a latency bound must be positive; write e.g. {term.metric}=200ms")
+    try:  # the one number rule (dsctl.core.load.limits): finite, and a latency a request can have
+        limits.number(f"{option} {term.metric}", bound, MIN_LATENCY_MS, MAX_LATENCY_MS, "ms", " (a day)")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return Slo(term.metric, term.statistic or default_statistic, bound, term.text)
 
 

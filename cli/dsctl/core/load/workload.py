@@ -65,15 +65,18 @@ class LengthSpec:
         parts = text.strip().lower().split(":")
         try:
             if len(parts) == 1:
-                spec = cls("fixed", float(int(parts[0])))
-            elif parts[0] == "uniform" and len(parts) == 3:
-                spec = cls("uniform", float(int(parts[1])), float(int(parts[2])))
-            elif parts[0] == "normal" and len(parts) == 3:
-                spec = cls("normal", float(parts[1]), float(parts[2]))
+                numbers: list[int | float] = [int(parts[0])]
+            elif parts[0] in ("uniform", "normal") and len(parts) == 3:
+                convert = int if parts[0] == "uniform" else float
+                numbers = [convert(parts[1]), convert(parts[2])]
             else:
                 raise ValueError
         except ValueError:
             raise ValueError(f"{what} {text!r}: expected N, uniform:LO:HI or normal:MEAN:STD") from None
+        for number in numbers:  # the one number rule before any arithmetic: 1e308 or 400 digits overflow it
+            limits.number(f"{what} {text!r}:", number, None, limits.MAX_TOKENS, "tokens per request")
+        kind = "fixed" if len(parts) == 1 else parts[0]
+        spec = cls(kind, *(float(number) for number in numbers))
         if spec.kind == "fixed" and spec.a < 1:
             raise ValueError(f"{what} {text!r}: must be at least 1")
         if spec.kind == "uniform" and not 1 <= spec.a <= spec.b:

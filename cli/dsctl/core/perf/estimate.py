@@ -63,7 +63,7 @@ from dsctl.errors import UsageError
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 WEIGHT_FORMATS = {"bf16": 2.0, "int8": 1.0}  # bytes per parameter; int8 = W8A8 checkpoints
-MAX_CHIPS = 1 << 16  # search limit for "at least M chips"; beyond it a verdict says "no chip count"
+MAX_CHIPS = limits.MAX_CHIPS  # search limit for "at least M chips"; beyond it a verdict says "no chip count"
 
 
 def parse_slo(text: str) -> tuple[Slo, ...]:
@@ -199,6 +199,7 @@ def estimate(chip: Chip | str, model: Model | str, *, prompt_tokens: int, output
         limits.check("--prompt-tokens", prompt_tokens, limits.MAX_TOKENS, "tokens per request")
         limits.check("--output-tokens", output_tokens, limits.MAX_TOKENS, "tokens per request")
         limits.check("--concurrency", concurrency, limits.MAX_CONCURRENCY, "requests in flight")
+        limits.number("--chips", chips, 1, limits.MAX_CHIPS, "NPUs of one instance", limits.MAX_CHIPS_WHY)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     d = Deployment(chip=chip, model=model, chips=chips, memory_utilization=memory_utilization,

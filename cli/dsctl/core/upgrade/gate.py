@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dsctl.core.load import slo_spec
+from dsctl.core.load.limits import number as check_number
 from dsctl.core.tune import slo as slo_verdict
 from dsctl.errors import UsageError
 
@@ -34,6 +35,9 @@ TERMS: dict[str, tuple[str, bool]] = {
     "request_throughput": ("request_throughput", False),
 }
 DEFAULT = "ttft=10%,throughput=5%"
+# A throughput can drop by all of itself at most; a latency allowed to grow a hundredfold is gated by nothing.
+MAX_DROP_PERCENT = 100
+MAX_GROWTH_PERCENT = 10_000
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,14 @@ def parse_max_regression(text: str, option: str = "--max-regression") -> tuple[L
             statistic = "median" if statistic in (None, "p50") else statistic
         elif statistic is not None:
             raise UsageError(f"{option} {raw!r}: {term.metric} is one number, it takes no statistic")
+        try:  # the one number rule (dsctl.core.load.limits): finite, within what the term can move
+            if worse_up:
+                check_number(f"{option} {term.metric}", term.number, 0, MAX_GROWTH_PERCENT, "% of growth")
+            else:
+                check_number(f"{option} {term.metric}", term.number, 0, MAX_DROP_PERCENT, "% of drop",
+                             " (a throughput cannot fall by more than all of it)")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         if any(limit.term == term.metric and limit.statistic == statistic for limit in limits):
             raise UsageError(f"{option} {raw!r}: {term.metric} is given twice")
         limits.append(Limit(term.metric, statistic, term.number))
