@@ -98,7 +98,9 @@ BAD_VERSIONS = [
 def test_a_value_outside_the_version_grammar_is_refused(capsys, tmp_path, sentinel, field, value):
     inventory = site(tmp_path, sentinel, {field: value})
     line = refusal(capsys, sentinel, ["deploy", str(inventory), "--render"])
-    assert_names(line, field, "quoted")
+    # A blank or a line break is refused by the one-line rule every string passes first (dsctl.core.text), its
+    # own words; every other value by the version grammar, which shows a good version.
+    assert_names(line, field, "surrounding blanks" if value != value.strip() else "quoted")
 
 
 def test_a_yaml_date_where_the_kernel_version_belongs_is_refused(capsys, tmp_path, sentinel):

@@ -110,9 +110,13 @@ def engine_args(host: str, port: int, dp_address: str, rpc_port: int, *extra: st
 def test_the_deploys_two_node_command_lines_serve_once_both_nodes_are_up(tmp_path):
     """multinode.plan_instances' argv and env per node, run through the lab's stand-in `vllm serve`."""
     head_ip, worker_ip, head_npu, worker_npu = addresses(4)
+    # The plan takes NPU addresses a real site could have (a loopback one is refused); each node's engine then
+    # binds the loopback address standing in for its planned one, since both run on this machine.
+    planned = {"node-a": "10.20.0.2", "node-b": "10.20.0.3"}
+    local = {planned["node-a"]: head_npu, planned["node-b"]: worker_npu}
     network = plan_network({name: {"dsctl_npu_count": 1, "dsctl_npu_ips": [npu], "dsctl_npu_network":
                                    {"netmask": "255.255.255.0"}}
-                            for name, npu in (("node-a", head_npu), ("node-b", worker_npu))})
+                            for name, npu in planned.items()})
     port, rpc = free_port(), free_port()
     service = validate_multinode({"name": "moe", "engine": "vllm-ascend", "model": "/models/DeepSeek-V2-Lite",
                                   "profile": MODEL, "nodes": 2, "npus_per_node": 1, "tensor_parallel_size": 1,
@@ -129,7 +133,7 @@ def test_the_deploys_two_node_command_lines_serve_once_both_nodes_are_up(tmp_pat
     try:
         for role in instance.nodes:
             env = {**role.env, "ASCEND_RT_VISIBLE_DEVICES": role.visible_devices,
-                   "DSCTL_ENGINE_NPU_IPS": ",".join(ranks[role.address]),
+                   "DSCTL_ENGINE_NPU_IPS": ",".join(local[ip] for ip in ranks[role.address]),
                    "DSCTL_ENGINE_TIME_SCALE": SCALE, "DSCTL_ENGINE_STARTUP": "0"}
             argv = [*role.argv[1:], "--max-model-len", "4096"] + (["--host", role.address] if role.is_head else [])
             nodes.append(Node(tmp_path, role.host, argv, env, stand_in=stand_in))

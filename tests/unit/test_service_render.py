@@ -129,7 +129,9 @@ def test_every_vllm_ascend_parameter_renders():
                "json": lambda e: {} if e.get("shape", "dict") == "dict" else [8]}
     for name, entry in engine_params("vllm-ascend").items():
         version = "v0.12.0rc1" if entry.get("removed_in") else "v0.23.0"
-        (spec,) = specs({**CHAT, "params": {name: samples[entry["type"]](entry)}}, vllm_ascend=version)
+        # Expert parallelism is refused on a dense model (CHAT's): render it for an MoE one.
+        model = {"model": "/models/DeepSeek-V2-Lite"} if name == "enable_expert_parallel" else {}
+        (spec,) = specs({**CHAT, **model, "params": {name: samples[entry["type"]](entry)}}, vllm_ascend=version)
         lines, additional = engine_args(spec)
         render = entry["render"]
         if "additional_config" in render:
