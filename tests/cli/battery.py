@@ -79,6 +79,16 @@ def site(tmp_path: Path, sentinel: Sentinel, group_vars: Mapping | None = None, 
     return root / "hosts.yml"
 
 
+def gateway_on_fleet_host(inventory: Path, gateway: Mapping, host: str = "atlas-a01") -> None:
+    """Make fleet ``host`` a gateway host too (a host of both groups, sharing its port table) with ``gateway`` as
+    the gateway group's vars."""
+    hosts = yaml.safe_load(inventory.read_text())
+    connection = hosts["all"]["children"]["npu_nodes"]["hosts"][host]
+    hosts["all"]["children"]["gateway"] = {"hosts": {host: dict(connection)}}
+    inventory.write_text(yaml.safe_dump(hosts))
+    (inventory.parent / "group_vars" / "gateway.yml").write_text(yaml.safe_dump(dict(gateway)))
+
+
 def write_raw(inventory: Path, relative: str, text: str) -> Path:
     """Write ``text`` as it is (a YAML scalar safe_dump would quote: 010, a date) to a file of the inventory."""
     path = inventory.parent / relative

@@ -9,20 +9,12 @@ import yaml
 
 from dsctl.app import main
 
-from .battery import REPO, assert_names, refusal, site
+from .battery import REPO, assert_names, gateway_on_fleet_host, refusal, site
 
 CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
         "npus_per_instance": 4, "instances": 2, "port": 8000, "allow_unauthenticated": True}
 DEEPSEEK = yaml.safe_load((REPO / "inventories" / "examples" / "deepseek-v3-2x2.yml").read_text())["dsctl_services"][0]
 GATEWAY = {"dsctl_gateway": {"services": [{"service": "chat", "port": 8080}]}}
-
-
-def _fleet_host_gateway(inventory, gateway) -> None:
-    hosts = yaml.safe_load(inventory.read_text())
-    connection = hosts["all"]["children"]["npu_nodes"]["hosts"]["atlas-a01"]
-    hosts["all"]["children"]["gateway"] = {"hosts": {"atlas-a01": dict(connection)}}
-    inventory.write_text(yaml.safe_dump(hosts))
-    (inventory.parent / "group_vars" / "gateway.yml").write_text(yaml.safe_dump(gateway))
 
 
 # (case, fleet group_vars, where the gateway runs: "gw-01" | "controller" | "atlas-a01", words named)
@@ -49,7 +41,7 @@ def test_a_gateway_that_cannot_reach_its_instances_is_refused(capsys, tmp_path, 
         gateway = {"dsctl_gateway": {"services": [{"service": "deepseek", "port": 8080}]}}
     inventory = site(tmp_path, sentinel, fleet, gateway=gateway)
     if where == "atlas-a01":
-        _fleet_host_gateway(inventory, GATEWAY)
+        gateway_on_fleet_host(inventory, GATEWAY)
     line = refusal(capsys, sentinel, ["deploy", inventory, "--render"])
     assert_names(line, *words)
 
@@ -59,7 +51,7 @@ def test_a_gateway_that_cannot_reach_its_instances_is_refused(capsys, tmp_path, 
 def test_a_gateway_on_a_fleet_host_takes_no_port_of_that_host(capsys, tmp_path, sentinel, port, words):
     inventory = site(tmp_path, sentinel, {"dsctl_services": [CHAT]})
     port = sentinel.port if port == "SSH" else port
-    _fleet_host_gateway(inventory, {"dsctl_gateway": {"services": [{"service": "chat", "port": port}]}})
+    gateway_on_fleet_host(inventory, {"dsctl_gateway": {"services": [{"service": "chat", "port": port}]}})
     line = refusal(capsys, sentinel, ["deploy", inventory, "--render"])
     assert_names(line, "dsctl_gateway.services[0].port", *words)
 
@@ -77,6 +69,6 @@ def test_reachable_gateways_still_pass(capsys, tmp_path, sentinel):
     assert main(["deploy", str(inventory), "--render"]) == 0, capsys.readouterr().err
     single = site(tmp_path, sentinel, {"dsctl_services": [{**CHAT, "bind": "127.0.0.1"}]}, hosts=("atlas-a01",),
                   name="single")
-    _fleet_host_gateway(single, GATEWAY)
+    gateway_on_fleet_host(single, GATEWAY)
     assert main(["deploy", str(single), "--render"]) == 0, capsys.readouterr().err
     assert sentinel.connections == 0

@@ -4,8 +4,6 @@ one line naming the field (tests/cli/battery.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -14,7 +12,7 @@ from dsctl.core.serving.host_ports import host_table
 from dsctl.core.serving.port_table import PortClash
 from dsctl.core.serving.service import validate_services
 
-from .battery import REPO, assert_names, refusal, site
+from .battery import REPO, assert_names, gateway_on_fleet_host, refusal, site
 
 CHAT = {"name": "chat", "engine": "vllm-ascend", "model": "/models/DeepSeek-R1-Distill-Qwen-7B",
         "npus_per_instance": 4, "instances": 2, "port": 8000, "allow_unauthenticated": True}
@@ -30,15 +28,6 @@ def _with_ssh(value, port: int):
     if isinstance(value, list):
         return [_with_ssh(item, port) for item in value]
     return value
-
-
-def _on_fleet_host(inventory: Path, gateway: dict) -> None:
-    """Make atlas-a01 a gateway too (a host of both groups): the gateway shares its port table."""
-    hosts = yaml.safe_load(inventory.read_text())
-    connection = hosts["all"]["children"]["npu_nodes"]["hosts"]["atlas-a01"]
-    hosts["all"]["children"]["gateway"] = {"hosts": {"atlas-a01": dict(connection)}}
-    inventory.write_text(yaml.safe_dump(hosts))
-    (inventory.parent / "group_vars" / "gateway.yml").write_text(yaml.safe_dump(gateway))
 
 
 # (case, services, gateway on atlas-a01 or None, words the line names)
@@ -71,7 +60,7 @@ CASES = [
 def test_a_port_that_cannot_work_is_refused_before_any_host(capsys, tmp_path, sentinel, services, gateway, words):
     inventory = site(tmp_path, sentinel, {"dsctl_services": _with_ssh(services, sentinel.port)})
     if gateway is not None:
-        _on_fleet_host(inventory, {"dsctl_gateway": _with_ssh(gateway, sentinel.port)})
+        gateway_on_fleet_host(inventory, {"dsctl_gateway": _with_ssh(gateway, sentinel.port)})
     line = refusal(capsys, sentinel, ["deploy", inventory, "--render"])
     assert_names(line, *words)
 
@@ -88,7 +77,7 @@ def test_valid_ports_still_pass(capsys, tmp_path, sentinel):
     services = [{**CHAT, "instances": 1, "port": 1024},
                 {**CHAT, "name": "web", "instances": 1, "port": 443, "allow_privileged_port": True}]
     inventory = site(tmp_path, sentinel, {"dsctl_services": services})
-    _on_fleet_host(inventory, {"dsctl_gateway": {"services": [{"service": "chat", "port": 8080}]}})
+    gateway_on_fleet_host(inventory, {"dsctl_gateway": {"services": [{"service": "chat", "port": 8080}]}})
     assert main(["deploy", str(inventory), "--render"]) == 0, capsys.readouterr().err
     assert sentinel.connections == 0
 

@@ -24,6 +24,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from dsctl.core.fleet.stack import serving_venv_name
+from dsctl.core.http_url import parse_http_url
 from dsctl.errors import DsctlError, ExitStatus
 
 LOCK_PREFIX = "lock-"
@@ -88,12 +89,13 @@ def index_url_problem(url: str) -> str | None:
     if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
         return "holds a blank or a control character"
     scheme, _, rest = url.partition("://")
-    scheme = scheme.lower()
-    if scheme in ("http", "https") and rest and not rest.startswith("/"):
-        return None
-    if scheme == "file" and rest.startswith("/"):
-        return None
-    return "expected an http:// or https:// URL (or file:///DIR of a local simple index)"
+    if scheme.lower() == "file":
+        return None if rest.startswith("/") else "expected file:///DIR (an absolute directory)"
+    try:
+        parse_http_url(url)  # the one http(s) URL rule: a host, a port 1..65535 or the scheme's default
+    except ValueError as problem:
+        return f"{problem} (or file:///DIR of a local simple index)"
+    return None
 
 
 def normalized_arch(arch: str) -> str:
