@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,16 @@ def sentinel():
     listener = Sentinel()
     yield listener
     listener.close()
+
+
+@pytest.fixture
+def provisionable(tmp_path) -> Path:
+    """The sample inventory with its dsctl_package_source a directory on this controller (the sample's
+    /srv/ascend-packages is an example path): provision refuses a missing one before any play (issue 41)."""
+    root = tmp_path / "sample"
+    shutil.copytree(REPO / "inventories" / "sample", root)
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    (packages / "SHA256SUMS").write_text("")
+    (root / "group_vars" / "npu_nodes" / "zz-packages.yml").write_text(f"dsctl_package_source: {packages}\n")
+    return root / "hosts.yml"

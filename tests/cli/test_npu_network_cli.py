@@ -56,9 +56,9 @@ def test_an_inconsistent_plan_stops_the_verb_before_any_host(fake_ansible, capsy
     assert not (tmp_path / "argv.json").exists()  # ansible-playbook never started
 
 
-def test_a_limited_provision_hands_the_host_its_npus_from_the_whole_fleets_plan(fake_ansible):
+def test_a_limited_provision_hands_the_host_its_npus_from_the_whole_fleets_plan(fake_ansible, provisionable):
     fake_ansible(0, [{"event": "play_start", "play": "p"}, stats(**{"atlas-a02": {"ok": 1}})])
-    assert main(["provision", str(SAMPLE), "--limit", "atlas-a02"]) == 0
+    assert main(["provision", str(provisionable), "--limit", "atlas-a02"]) == 0
     planned = extra_vars(fake_ansible)["dsctl_plan"]["hosts"]["atlas-a02"]["npu_network"]
     assert planned[0] == {"npu": 0, "address": "10.20.0.10", "netmask": "255.255.255.0", "netdetect": "10.20.0.1",
                           "gateway": "10.20.0.1"}  # atlas-a02 is the fleet's second host: .10-.17, --limit or not

@@ -28,19 +28,6 @@ SAMPLE = REPO / "inventories" / "sample" / "hosts.yml"
 HOSTS = ("atlas-a01", "atlas-a02")
 
 
-@pytest.fixture
-def provisionable(tmp_path) -> Path:
-    """The sample inventory with its dsctl_package_source a directory on this controller (the sample's
-    /srv/ascend-packages is an example path): provision refuses a missing one before any play (issue 41)."""
-    root = tmp_path / "sample"
-    shutil.copytree(SAMPLE.parent, root)
-    packages = tmp_path / "packages"
-    packages.mkdir()
-    (packages / "SHA256SUMS").write_text("")
-    (root / "group_vars" / "npu_nodes" / "zz-packages.yml").write_text(f"dsctl_package_source: {packages}\n")
-    return root / "hosts.yml"
-
-
 def ev(event: str, host: str | None = None, task: str = "", role: str | None = "inference_service", **fields) -> dict:
     base = {"event": event, "task": task, "role": role}
     if host:

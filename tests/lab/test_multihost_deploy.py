@@ -139,14 +139,22 @@ def test_an_unchanged_fleet_restarts_nothing(fleet):
 
 def test_a_configuration_that_cannot_start_rolls_every_node_back_and_the_previous_serves_again(fleet, tmp_path):
     lab, path = fleet
-    # The DP coordinator's RPC port on a port the head cannot bind (sshd's, privileged): vLLM's ZMQ bind fails.
-    broken = write_inventory(lab, tmp_path / "broken.yml", {**DEEPSEEK, "data_parallel_rpc_port": 22})
+    # The DP coordinator's RPC port on a port another program of the head already holds (vllm-ascend#1955's "port
+    # already in use"): no inventory check can know it, vLLM's ZMQ bind fails at start.  A port the inventory itself
+    # gives twice, or sshd's, is refused before any host (tests/cli/test_battery_ports.py).
+    taken = 13390
+    lab.sh_ok("lab-03", "setsid nohup timeout 600 python3 -c 'import socket, time; s = socket.socket(); "
+                        f"s.bind((\"0.0.0.0\", {taken})); s.listen(); time.sleep(600)' >/dev/null 2>&1 & sleep 1")
+    broken = write_inventory(lab, tmp_path / "broken.yml", {**DEEPSEEK, "data_parallel_rpc_port": taken})
     untouched = pid(lab, "lab-01", "deepseek-0")
-    code, report, _ = deploy(broken, "--instance", "deepseek-1")
+    try:
+        code, report, _ = deploy(broken, "--instance", "deepseek-1")
+    finally:
+        lab.sh("lab-03", f"pkill -f '{taken}.*time.sleep' || true")
     assert code != 0
     assert statuses(report) == {"lab-03": ("deepseek-1", "rolled back"), "lab-04": ("deepseek-1", "rolled back")}
     errors = " ".join(report["errors"])
-    assert "addr='tcp://" in errors and ":22'" in errors, errors
+    assert "addr='tcp://" in errors and f":{taken}'" in errors, errors
     assert "rolled back on every node, the previous configuration serves again" in errors
     assert complete(f"http://{address('lab-03')}:8000")["usage"]["completion_tokens"] == 4
     assert pid(lab, "lab-01", "deepseek-0") == untouched  # the other instance never restarted
