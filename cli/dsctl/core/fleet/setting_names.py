@@ -18,7 +18,11 @@ MAX_EDITS = 2
 
 
 def edits(left: str, right: str) -> int:
-    """Optimal-string-alignment distance: insertions, deletions, substitutions and swaps of neighbours."""
+    """Optimal-string-alignment distance: insertions, deletions, substitutions and swaps of neighbours.
+
+    Written here because the standard library has none: difflib (the schema's "did you mean" among dsctl_* names)
+    gives a similarity ratio, which cannot say "at most two keystrokes off the prefix" for names of any length, and
+    the inventory reader's child must not import a third-party package for twelve lines."""
     previous2: list[int] = []
     previous = list(range(len(right) + 1))
     for i, a in enumerate(left, 1):
