@@ -167,3 +167,29 @@ def test_the_facts_read_accounts_with_their_groups_and_directories_with_owner_an
     (tmp_path / "file").write_text("")
     assert facts.read_directory(str(tmp_path / "file"))["isdir"] is False
     assert facts.read_directory(str(tmp_path / "absent")) is None
+
+
+def test_the_facts_resolve_the_role_s_paths_as_the_host_sees_them_and_the_path_rule_refuses_a_detour(tmp_path):
+    # The role's last check before it makes and archives instance directories as root: the module resolves the
+    # paths in the run that reads the host anyway, and the filter judges them by the inventory schema's rule.
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(LIBRARY.parents[2] / "playbooks" / "filter_plugins"))
+    try:
+        from dsctl_filters import root_path_problems
+    finally:
+        sys.path.pop(0)
+    link = tmp_path / "dsctl-services"
+    link.symlink_to("/usr/lib")
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"config_dir": str(tmp_path / "absent"),
+                                                        "resolve": [str(link), str(tmp_path / "new" / "logs")]}}))
+    answer = subprocess.run([sys.executable, str(LIBRARY / "inference_service_facts.py"), str(args)],
+                            capture_output=True, text=True, timeout=60)
+    resolved = json.loads(answer.stdout)["resolved"]
+    assert resolved == ["/usr/lib", str(tmp_path.resolve() / "new" / "logs")]
+    paths = [{"field": "dsctl_service_config_dir", "path": str(link)},
+             {"field": "dsctl_service_log_dir", "path": [str(tmp_path / "new" / "logs")]}]
+    (problem,) = root_path_problems(paths, resolved)
+    assert problem.startswith("dsctl_service_config_dir: ") and "/usr/lib" in problem

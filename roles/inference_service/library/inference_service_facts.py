@@ -57,6 +57,11 @@ options:
   supervisor_conf:
     description: supervisord's configuration file; when set, C(supervisorctl -c) asks for supervisord's pid.
     type: path
+  resolve:
+    description: Paths the role is about to change as root, returned resolved as the host sees them (RV(resolved)).
+    type: list
+    elements: str
+    default: []
 author: dsctl
 """
 
@@ -81,6 +86,11 @@ directories:
   description: Path -> null (absent) or C(isdir), C(uid), C(gid), C(mode) (octal string, e.g. C(0755)).
   returned: always
   type: dict
+resolved:
+  description: The host's real path of each of O(resolve), in order (every symlink of the part that exists
+    followed, as C(realpath -m) does), for the role's path rule.
+  returned: always
+  type: list
 supervisor_pid:
   description: What C(supervisorctl pid) printed (a number when supervisord runs), or empty.
   returned: always
@@ -254,6 +264,7 @@ def main():
             "users": {"type": "list", "elements": "str", "default": []},
             "directories": {"type": "list", "elements": "path", "default": []},
             "supervisor_conf": {"type": "path"},
+            "resolve": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -268,6 +279,8 @@ def main():
                      instances=read_instances(params["config_dir"]),
                      accounts={name: read_account(name) for name in params["users"]},
                      directories={path: read_directory(path) for path in params["directories"]},
+                     # os.path.realpath (not strict): the existing part's symlinks followed, the rest kept
+                     resolved=[os.path.realpath(path) for path in params["resolve"]],
                      supervisor_pid=supervisor_pid)
 
 
