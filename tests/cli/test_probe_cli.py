@@ -398,7 +398,7 @@ def test_a_concurrency_sweep_prints_one_row_per_level_the_knee_and_the_plot(engi
 
 @contextlib.contextmanager
 def cpu_hog():
-    """A thread of this process that holds the interpreter lock 50 ms at a time (as another busy probe in this
+    """A thread of this process that holds the interpreter lock 20 ms at a time (as another busy probe in this
     process, or any Python work beside it, would): the probe's event loop waits for it at each of its wake-ups."""
     stop = threading.Event()
 
@@ -407,7 +407,7 @@ def cpu_hog():
             pass
 
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)
+    sys.setswitchinterval(0.02)
     thread = threading.Thread(target=spin, daemon=True)
     thread.start()
     try:
@@ -420,7 +420,7 @@ def cpu_hog():
 
 def test_a_cpu_starved_probe_says_the_load_generator_was_the_limit(scripted, capsys):
     server = scripted("ok")
-    args = (f"http://127.0.0.1:{server.port}", "--rate", "40", "--arrival", "constant", "--requests", "60",
+    args = (f"http://127.0.0.1:{server.port}", "--rate", "40", "--arrival", "constant", "--requests", "40",
             "--output-tokens", "3", "--prompt-tokens", "8", "--time-scale", "1")
     code, env = run_json(capsys, *args)  # a quiet client first: the same probe is no limit
     assert code == 0, env

@@ -49,21 +49,34 @@ def test_a_p90_send_lag_above_half_the_mean_gap(gap, late, limited):
     assert ("one request in ten" in result.reason) is limited
 
 
-@pytest.mark.parametrize(("cpu", "window", "limited"), [(0.89, 5.0, False), (0.9, 5.0, True), (1.0, 0.9, False)])
+@pytest.mark.parametrize(("cpu", "window", "limited"), [(0.89, 5.0, False), (0.9, 5.0, True), (1.0, 0.24, False),
+                                                         (1.0, 0.25, True)])
 def test_the_probes_process_near_one_core(cpu, window, limited):
-    # a closed loop: no lags, no rates; only the CPU, and only over a phase of a second or more
+    # a closed loop: no lags, no rates; only the CPU, and only over a phase of a quarter second or more
     result = verdict(client_cpu=cpu, window_s=window)
     assert result.limited is limited and result.send_lag_p50_ms is None
     assert ("of a core" in result.reason) is limited
 
 
-@pytest.mark.parametrize(("busy", "achieved", "limited"), [
-    (0.95, 9.6, False),  # saturated, but the instance completed what was offered
-    (0.89, 5.0, False),  # short, but the machine had CPU to spare: the instance's shortfall
-    (0.90, 9.4, True),
+@pytest.mark.parametrize(("cpu", "late", "limited"), [(0.95, 0.0019, False), (0.95, 0.0021, True),
+                                                       (0.89, 0.0021, False)])
+def test_in_an_open_loop_the_cpu_counts_when_the_releases_show_it(cpu, late, limited):
+    # a 100 ms gap keeps the tail rule silent (its bound is 50 ms): the 2 ms of ``late`` only corroborate the CPU
+    result = verdict(lags_s=[0.0] * 80 + [late] * 20, mean_gap_s=0.1, client_cpu=cpu, window_s=5.0)
+    assert result.limited is limited
+    assert result.reason == ("the probe's process used 95% of a core (at least 90%: no time left for its event "
+                             "loop)" if limited else "")
+
+
+@pytest.mark.parametrize(("busy", "achieved", "late", "limited"), [
+    (0.95, 9.6, 0.003, False),  # saturated and late, but the instance completed what was offered
+    (0.89, 5.0, 0.003, False),  # short, but the machine had CPU to spare: the instance's shortfall
+    (0.95, 5.0, 0.001, False),  # saturated and short, but the client sent on time: not starved
+    (0.90, 9.4, 0.003, True),
 ])
-def test_a_saturated_machine_while_throughput_fell_short(busy, achieved, limited):
-    result = verdict(planned_rate=10.0, offered_rate=10.0, achieved_rate=achieved, machine_busy=busy, window_s=5.0)
+def test_a_saturated_machine_while_throughput_fell_short(busy, achieved, late, limited):
+    result = verdict(lags_s=[0.0] * 80 + [late] * 20, mean_gap_s=0.1, planned_rate=10.0, offered_rate=10.0,
+                     achieved_rate=achieved, machine_busy=busy, window_s=5.0)
     assert result.limited is limited
     assert ("the machine's CPUs were" in result.reason) is limited
 
