@@ -394,3 +394,53 @@ def test_a_concurrency_sweep_prints_one_row_per_level_the_knee_and_the_plot(engi
     table = [line for line in out.splitlines() if line.strip().startswith(("1 ", "4 ")) or "│ 1 " in line
              or "│ 4 " in line]
     assert len(table) >= 2, out
+
+
+@contextlib.contextmanager
+def cpu_hog():
+    """A thread of this process that holds the interpreter lock 20 ms at a time (as another busy probe in this
+    process, or any Python work beside it, would): the probe's event loop waits for it at each of its wake-ups."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.02)
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        sys.setswitchinterval(interval)
+
+
+def test_a_cpu_starved_probe_says_the_load_generator_was_the_limit(scripted, capsys):
+    server = scripted("ok")
+    args = (f"http://127.0.0.1:{server.port}", "--rate", "40", "--arrival", "constant", "--requests", "40",
+            "--output-tokens", "3", "--prompt-tokens", "8", "--time-scale", "1")
+    code, env = run_json(capsys, *args)  # a quiet client first: the same probe is no limit
+    assert code == 0, env
+    quiet = env["data"]
+    assert quiet["limited_by"] is None and quiet["load_generator"]["limited"] is False, quiet["load_generator"]
+    assert not any("load generator" in line for line in quiet["warnings"])
+    with cpu_hog():
+        code, env = run_json(capsys, *args)
+    assert code == 0, env  # the requests succeeded: a warning, not a failure
+    data = env["data"]
+    limit = data["load_generator"]
+    assert data["limited_by"] == "load generator" and limit["limited"] is True, limit
+    assert limit["send_lag_p50_ms"] > 5.0 and limit["planned_rate"] == pytest.approx(40.0)
+    assert limit["client_cpu_percent"] is not None and limit["reason"]
+    assert any(line.startswith("the load generator was the limit: planned 40 req/s, offered ")
+               for line in data["warnings"]), data["warnings"]
+    with cpu_hog():
+        code = main(["probe", *args])
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "the load generator was the limit" in line]
+    assert code == 0 and len(warned) == 1, err
+    assert warned[0].startswith("dsctl: warning: the load generator was the limit: planned 40 req/s, offered ")
+    assert "send lag p50 " in warned[0] and "% of a core" in warned[0]

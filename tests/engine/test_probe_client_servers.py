@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +21,7 @@ import pytest
 
 from dsctl.adapters.probe_client import Load, ProbeClient, ProbeRun, RunResult, Target, Timeouts
 from dsctl.adapters.tokenizer import LocalTokenizer
+from dsctl.core.load import generator_limit
 from dsctl.core.load.probe_metrics import ErrorClass, RequestRecord, calculate_metrics
 from dsctl.core.load.slo_spec import Slo
 from dsctl.errors import ExitStatus, UsageError
@@ -732,3 +735,51 @@ def test_a_sweep_exits_with_its_first_failing_levels_status_and_names_the_level(
     rows = result.data["sweep"]["rows"]
     assert [r["exit_status"] for r in rows] == [1, 1] and all(r["completed"] == 0 for r in rows)
     assert result.data["sweep"]["knee"]["level"] is None and (tmp_path / "sweep.png").is_file()
+
+
+# --------------------------------------------------------------------------- the load generator as the limit
+
+
+async def starved_open_loop(busy_s: float) -> RunResult:
+    """60 requests released at 50 req/s against the stream server, on an event loop that a callback of its own keeps
+    busy for ``busy_s`` out of every ``busy_s`` + 1 ms (0: a quiet loop)."""
+    loop = asyncio.get_running_loop()
+    running = [True]
+
+    def hog() -> None:
+        end = time.perf_counter() + busy_s
+        while time.perf_counter() < end:
+            pass
+        if running[0]:
+            loop.call_later(0.001, hog)
+
+    async with Server(stream_with_usage) as server:
+        async with ProbeClient(server.target, timeouts=Timeouts(total=5.0)) as client:
+            run = ProbeRun(client, "/v1/completions", body_factory("completions", 2),
+                           Load(schedule=[i / 50 for i in range(60)], concurrency=None, requests=60, duration=None))
+            if busy_s:
+                loop.call_soon(hog)
+            try:
+                return await run.run(backstop=LIMIT_S)
+            finally:
+                running[0] = False
+
+
+@pytest.mark.parametrize("busy_s", [0.0, 0.03])
+def test_an_open_loop_whose_event_loop_is_starved_is_limited_by_its_load_generator(busy_s):
+    result = run(starved_open_loop(busy_s))
+    assert len(result.records) == 60 and all(r.success for r in result.records)
+    assert result.client_cpu_s is not None and result.client_cpu_s >= 0
+    if sys.platform == "linux":
+        assert result.machine_busy is not None and 0.0 <= result.machine_busy <= 1.0
+    verdict = generator_limit.judge(generator_limit.measure(
+        result.records, lags=True, client_cpu_s=result.client_cpu_s, machine_busy=result.machine_busy,
+        window_s=result.duration))
+    assert verdict.planned_rate == pytest.approx(50.0)
+    if not busy_s:
+        assert not verdict.limited, verdict
+        return
+    # released up to 30 ms late, at a loop that has no CPU to spare: the probe's own side was the limit
+    assert verdict.limited and verdict.send_lag_p50_ms > 5.0, verdict
+    assert "half its requests were sent more than" in verdict.reason
+    assert verdict.client_cpu_percent >= 50.0, verdict  # the hog's CPU is the process's (less on a crowded machine)

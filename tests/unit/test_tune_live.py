@@ -4,6 +4,7 @@ baseline back on every instance whenever the end fails."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,11 +14,12 @@ import pytest
 import yaml
 
 from dsctl.adapters import state_files
+from dsctl.core.load import generator_limit
 from dsctl.core.tune import search
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import CRASHES, Failure
 from dsctl.errors import DsctlError, ExitStatus, UsageError
-from dsctl.services import tune_live
+from dsctl.services import tune_live, tune_result
 from tests.unit import test_tune_writeback
 
 # inference_service's failure line (roles/inference_service/tasks/rollout.yml), as deploy returns it.
@@ -332,3 +334,130 @@ def test_hosts_that_start_the_service_with_different_allocators_are_refused(tmp_
         tune_live.prepare(tune_live.LiveTuneInputs(inventory=inventory, slos=("ttft=2s",), run_dir=tmp_path))
     assert str(refused.value).startswith("--service chat: host atlas-a02 defines it differently from atlas-a01 ")
     assert "PYTORCH_NPU_ALLOC_CONF" in str(refused.value) and "--limit" in str(refused.value)
+
+
+# --------------------------------------------------------------------------- the load generator as the limit
+
+
+class ControllerLimited(ScriptedProbes):
+    """A controller that cannot offer more than ``offers`` req/s: a probe above it carries the probe's verdict that
+    the load generator was the limit (`generator_limit`), while the instance looks as if it held what it was sent.
+    ``hiccups``: rates whose first probe only is limited (a passing stall of the controller)."""
+
+    def __init__(self, inputs, plan, capacity: float, offers: float, hiccups: dict[float, int] | None = None):
+        super().__init__(inputs, plan, capacity)
+        self.offers, self.hiccups = offers, dict(hiccups or {})
+
+    def probe(self, slot, rate, *, warmup, seed):
+        result, metrics = super().probe(slot, rate, warmup=warmup, seed=seed)
+        limited = rate > self.offers or self.hiccups.get(rate, 0) > 0
+        if rate in self.hiccups:
+            self.hiccups[rate] -= 1
+        verdict = {"limited": limited, "planned_rate": rate, "offered_rate": min(rate, self.offers),
+                   "send_lag_p50_ms": 31.0 if limited else 0.2, "send_lag_p99_ms": 80.0 if limited else 0.9,
+                   "client_cpu_percent": 98.0 if limited else 20.0, "machine_busy_percent": None,
+                   "reason": "half its requests were sent more than 31 ms late (above 5 ms)" if limited else ""}
+        return result, {**metrics, generator_limit.KEY: verdict}
+
+
+def _candidate(plan: tune_live.LivePlan, config: dict, number: int = 2) -> search.Candidate:
+    return search.Candidate(number=number, config=config, params=plan.space.params(config),
+                            fields=plan.space.fields(config), needs_quality=False, slot=0)
+
+
+def test_a_probe_the_load_generator_limited_twice_leaves_the_trial_unmeasured(tmp_path, sample_plan):
+    inputs = tune_live.LiveTuneInputs(inventory=SAMPLE / "hosts.yml", slos=("ttft=2s",), run_dir=tmp_path)
+    tune = ControllerLimited(inputs, sample_plan, capacity=20.0, offers=6.0)
+    outcome = tune._measure(sample_plan.slots[0], _candidate(sample_plan, dict(sample_plan.baseline)))
+    assert tune.rates == [4.0, 8.0, 8.0]  # held at 4; at 8 the controller was the limit, and again on the repeat
+    assert outcome.failure == Failure.UNMEASURED and outcome.metrics is None and outcome.rate is None
+    assert outcome.detail.startswith("the load generator was the limit at 8 req/s (twice): planned 8 req/s, "
+                                     "offered 6 (send lag p50 31 ms, p99 80 ms; probe CPU 98 % of a core): half")
+    assert outcome.data["capacity"]["sustained_rate"] is None  # no capacity, not even the 4 that held
+
+
+def test_a_passing_stall_is_repeated_and_the_search_goes_on(tmp_path, sample_plan):
+    inputs = tune_live.LiveTuneInputs(inventory=SAMPLE / "hosts.yml", slos=("ttft=2s",), run_dir=tmp_path)
+    tune = ControllerLimited(inputs, sample_plan, capacity=20.0, offers=float("inf"), hiccups={8.0: 1})
+    outcome = tune._measure(sample_plan.slots[0], _candidate(sample_plan, dict(sample_plan.baseline)))
+    assert tune.rates[:4] == [4.0, 8.0, 8.0, 16.0]
+    assert outcome.failure is None and 16.0 <= outcome.rate <= 20.0
+
+
+def test_with_a_fixed_rate_a_limited_probe_and_its_repeat_are_no_verdict(tmp_path, sample_plan):
+    inputs = tune_live.LiveTuneInputs(inventory=SAMPLE / "hosts.yml", slos=("ttft=2s",), run_dir=tmp_path,
+                                      objective="goodput", rate=8.0)
+    tune = ControllerLimited(inputs, sample_plan, capacity=20.0, offers=6.0)
+    outcome = tune._measure(sample_plan.slots[0], _candidate(sample_plan, dict(sample_plan.baseline)))
+    assert tune.rates == [8.0, 8.0] and outcome.failure == Failure.UNMEASURED and outcome.metrics is None
+
+
+def test_the_search_never_ranks_a_trial_on_a_probe_the_load_generator_limited(tmp_path, sample_plan):
+    """The baseline (capacity 3) is measured below what the controller offers (6 req/s); every other configuration
+    (capacity 20) held at 4 and reached the controller's limit at 8: unmeasured, hidden from ranking, so the baseline
+    stays the best instead of a candidate "beating" it on the controller's figures."""
+    inputs = tune_live.LiveTuneInputs(inventory=SAMPLE / "hosts.yml", slos=("ttft=2s",), run_dir=tmp_path)
+    tune = ControllerLimited(inputs, sample_plan, capacity=0.0, offers=6.0)
+    base = tune.baseline_config
+
+    def evaluate(candidate: search.Candidate) -> search.Outcome:
+        tune.capacity = 3.0 if tune_live._same_config({**candidate.params, **candidate.fields}, base) else 20.0
+        return tune._measure(sample_plan.slots[0], candidate)
+
+    found = search.Search(sample_plan.space, sample_plan.slos, evaluate, search.SearchSettings(budget=3, seed=0),
+                          baseline=sample_plan.baseline).run()
+    evaluated = [t for t in found.trials if t.evaluated and t.duplicate_of is None]
+    others = [t for t in evaluated if not tune_live._same_config({**t.params, **t.fields}, base)]
+    assert len(evaluated) == 3 and len(others) == 2
+    assert found.best is not None and found.best.number == evaluated[0].number  # the baseline, first
+    assert 3.0 / 1.15 <= found.best.rate <= 3.0
+    for trial in others:
+        assert trial.failure == Failure.UNMEASURED and not trial.feasible and trial.objective is None
+        assert trial.detail.startswith("the load generator was the limit at 8 req/s (twice)")
+        assert trial.capacity["sustained_rate"] is None
+    assert tune_result.ranked(tuple(found.trials), found.best)[0].number == found.best.number
+    assert found.counts["unmeasured"] == 2
+
+
+def _baseline_record(plan: tune_live.LivePlan, **record) -> TrialRecord:
+    config = dict(plan.baseline)
+    return TrialRecord(number=0, controller="controller-0", config=config, params=plan.space.params(config),
+                       fields=plan.space.fields(config), evaluated=True, **record)
+
+
+UNMEASURED = dict(feasible=False, failure="unmeasured", detail="the load generator was the limit at 4 req/s "
+                  "(twice): planned 4 req/s, offered 3.22 (send lag p50 31 ms, p99 80 ms): it offered 3.22")
+UNDERSIZED = dict(feasible=True, objective=3.08, rate=3.08,
+                  capacity={"sustained_rate": 3.08, "undersized": True, "samples": 809, "required": 1000})
+MEASURED = dict(feasible=True, objective=3.08, rate=3.08,
+                capacity={"sustained_rate": 3.08, "undersized": False, "samples": 1000, "required": 1000})
+
+
+@pytest.mark.parametrize(("baseline", "status", "why"), [
+    (UNMEASURED, ExitStatus.ENVIRONMENT, "the baseline (trial 0) is unmeasured: the load generator was the limit "
+                                         "at 4 req/s"),
+    (UNDERSIZED, ExitStatus.ERROR, "the baseline's (trial 0) capacity rests on an undersized probe: 809 measured "
+                                   "requests of the 1000"),
+])
+def test_no_winner_is_declared_over_a_baseline_the_controller_measured(tmp_path, inventory, sample_plan, baseline,
+                                                                       status, why):
+    tune, found, _winner = end_of_tune(tmp_path, inventory, sample_plan)
+    base = _baseline_record(sample_plan, **baseline)
+    found = dataclasses.replace(found, trials=[base, *found.trials])
+    before = services_file(inventory).read_text()
+    result = tune_live._finish(tune, found, 0.0)
+    assert result.best is None and result.deployed == "baseline" and result.written == ()
+    # the baseline stays: nothing confirmed, nothing written
+    assert [(kind, arg, text == before) for kind, arg, text in tune.events] == [("deploy final", None, True)]
+    assert services_file(inventory).read_text() == before
+    assert result.exit_status == status
+    assert result.errors[0].startswith("no winner declared: trial 3 (") and why in result.errors[0]
+    assert result.baseline is not None and result.baseline.number == 0
+
+
+def test_a_winner_over_a_baseline_measured_in_full_is_declared(tmp_path, inventory, sample_plan):
+    tune, found, winner = end_of_tune(tmp_path, inventory, sample_plan, write_back=False)
+    found = dataclasses.replace(found, trials=[_baseline_record(sample_plan, **MEASURED), *found.trials])
+    result = tune_live._finish(tune, found, 0.0)
+    assert result.best is not None and result.best.number == 3 and result.deployed == "winner"
+    assert result.exit_status == ExitStatus.OK and result.errors == ()

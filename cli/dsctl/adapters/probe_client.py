@@ -924,6 +924,10 @@ class RunResult:
     backstop_hit: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     preflight: Preflight | None = None  # the one request sent before the load, when one was asked for
+    # The client's side of the measured phase (`dsctl.core.load.generator_limit`): CPU seconds of this process
+    # (every thread), and the share of the machine's CPU time that was busy (None where /proc/stat is not read).
+    client_cpu_s: float | None = None
+    machine_busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -1020,6 +1024,7 @@ class ProbeRun:
         warm = await self._warmup()
         records: list[RequestRecord] = []
         loop = asyncio.get_running_loop()
+        cpu0, machine0 = _process_cpu_s(), machine_cpu_times()
         perf0 = time.perf_counter()
         wall0 = time.time()
         start = perf0
@@ -1080,6 +1085,7 @@ class ProbeRun:
                     rec.error_detail = "the probe's overall time limit ended the request"
                     rec.end = now
         ended = [r.end for r in records if not math.isnan(r.end)]
+        cpu_s, machine = _process_cpu_s() - cpu0, machine_busy(machine0, machine_cpu_times())
         end = time.perf_counter() if self.stopped or backstop_hit or not ended else max(ended)
         for rec in (*warm, *records):  # the kept messages' bytes -> their text, off the measurement
             if rec.text_parts:
@@ -1087,10 +1093,48 @@ class ProbeRun:
         # vLLM's duration runs from the start of the schedule to the end of the last request
         return RunResult(records=records, warmup=warm, duration=max(0.0, end - start), started_wall=wall0,
                          perf_to_wall=wall0 - perf0, perf_to_wall_end=time.time() - time.perf_counter(),
-                         stopped=self.stopped, backstop_hit=backstop_hit)
+                         stopped=self.stopped, backstop_hit=backstop_hit, client_cpu_s=cpu_s, machine_busy=machine)
 
 
 _SPIN = 0.0015  # seconds before a release time when the dispatcher stops sleeping and yields instead
+
+
+def _process_cpu_s() -> float:
+    """CPU seconds (user + system) of this process, all its threads (the probe's event loops share one
+    interpreter lock, so it is the process that runs out of CPU, not one loop). time.process_time reads
+    CLOCK_PROCESS_CPUTIME_ID (clock_gettime(2)): nanoseconds, where os.times counts 10-ms clock ticks."""
+    return time.process_time()
+
+
+_PROC_STAT = "/proc/stat"
+
+
+def machine_cpu_times(path: str = _PROC_STAT) -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all the machine's CPUs since boot, from the first line of /proc/stat (proc(5):
+    user nice system idle iowait irq softirq steal; guest time is already inside user), or None where there is
+    none (not Linux, unreadable)."""
+    try:
+        with open(path, encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 5 or fields[0] != "cpu":
+        return None
+    try:
+        ticks = [int(v) for v in fields[1:9]]
+    except ValueError:
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait: a CPU waiting on I/O runs nothing
+    total = sum(ticks)
+    return total - idle, total
+
+
+def machine_busy(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The busy share of the machine's CPU time between two `machine_cpu_times` readings (None: no reading, or no
+    tick passed)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return min(1.0, max(0.0, (after[0] - before[0]) / (after[1] - before[1])))
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -13,6 +13,11 @@ With --tokenizer, one non-streamed request of one output token goes first, and t
 for its prompt is compared with the tokenizer's count (`check_tokenizer`): the result's ``tokenizer_check``, and a
 line in ``warnings`` when they disagree or the server gave no count.
 
+Every probe also says whether its own side was the limit (`dsctl.core.load.generator_limit`: its send lags, the
+rate it offered against the one planned, its process's CPU, the machine's busy CPUs): the result's ``limited_by``
+("load generator", or None), the figures under ``load_generator``, and a line in ``warnings`` with the planned and
+the offered rate when it was.  Such a probe's figures describe the controller, not the server.
+
 Progress records: ``dsctl_note`` (``msg``: what is probed), ``dsctl_probe_start`` (``total``: requests planned, or
 None; once per sweep level), ``dsctl_probe_request`` (``success``) per measured request.
 """
@@ -34,7 +39,7 @@ from dsctl.adapters import output_paths, sweep_plot
 from dsctl.adapters.ansible_run import new_artifacts_dir
 from dsctl.adapters.probe_client import Load, Preflight, RunResult, Target, Timeouts, header_value_problem
 from dsctl.adapters.tokenizer import LocalTokenizer
-from dsctl.core.load import arrivals, dataset, limits, probe_metrics, sweep
+from dsctl.core.load import arrivals, dataset, generator_limit, limits, probe_metrics, sweep
 from dsctl.core.load.probe_metrics import GOODPUT_METRICS, RequestRecord, SloWatch
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, engine_tokens, request_body
@@ -618,12 +623,27 @@ def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
                                  preflight=check)
     outcome = summarize(cfg, plan, model, modelled_result(result, origin, scale), watch)
     outcome.data["config"]["time_scale"] = scale
+    limit = generator_verdict(plan, result, scale)
+    outcome.data["limited_by"] = generator_limit.LIMITED_BY if limit.limited else None
+    outcome.data[generator_limit.KEY] = limit.to_dict()
+    if limit.limited:
+        outcome.data["warnings"].append(limit.warning())
     if check is not None and counted:
         verdict = check_tokenizer(result.preflight, counted[0])
         outcome.data["tokenizer_check"] = verdict
         if verdict["warning"]:
             outcome.data["warnings"].append(verdict["warning"])
     return outcome
+
+
+def generator_verdict(plan: Plan, result: RunResult, scale: float) -> generator_limit.GeneratorLimit:
+    """Whether the probe's own side was the limit (`dsctl.core.load.generator_limit`), judged on the wall-clock
+    records: send lags count only for an open loop without a --concurrency cap (a capped loop's wait for a free
+    slot is planned client queue time)."""
+    lags = plan.load.schedule is not None and not plan.load.concurrency
+    return generator_limit.judge(generator_limit.measure(
+        result.records, lags=lags, client_cpu_s=result.client_cpu_s, machine_busy=result.machine_busy,
+        window_s=result.duration, time_scale=scale))
 
 
 # -- sweeps -------------------------------------------------------------------------------------------------
@@ -680,7 +700,8 @@ def run_sweep(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_prog
         "definitions": DEFINITIONS,
         "sweep": {"kind": spec.kind, "levels": list(spec.levels), "rows": rows, "knee": knee,
                   "run_dir": str(run_dir), "plot": str(run_dir / SWEEP_PLOT), "json": str(run_dir / SWEEP_JSON)},
-        "levels": [{"level": level, **{k: o.data[k] for k in ("metrics", "slo", "warmup", "failure_examples")}}
+        "levels": [{"level": level, **{k: o.data[k] for k in ("metrics", "slo", "warmup", "failure_examples",
+                                                                 "limited_by", generator_limit.KEY)}}
                    for (level, _, _), o in zip(plans, results, strict=True)],
         "tokenizer_check": results[0].data["tokenizer_check"],
         "warnings": [w for o in results for w in o.data["warnings"]],

@@ -51,6 +51,7 @@ from typing import Any
 from dsctl.adapters import completions, writeback
 from dsctl.adapters.ansible_run import PlaybookError
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.load import generator_limit
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.perf import perfmodel
 from dsctl.core.serving.service_render import instance_env
@@ -401,6 +402,8 @@ class LiveTune:
         metrics = capacity.window_metrics(result.result.records, size.warmup, required=size.rule,
                                           goodput_ms=slo.goodput_bounds_ms(self.goodput))
         metrics["errors"] = result.data["metrics"]["errors"]  # the whole probe's failures: the crash check's
+        # whether the load generator was the limit: such a probe is no verdict on the instance (rate_search.measured)
+        metrics[generator_limit.KEY] = result.data[generator_limit.KEY]
         return result, metrics
 
     # ------------------------------------------------------------------ one trial
@@ -484,7 +487,10 @@ class LiveTune:
             return metrics
 
         if self.inputs.rate is not None:
-            metrics = one(self.inputs.rate)
+            try:
+                metrics = rate_search.measured(one)(self.inputs.rate)
+            except rate_search.GeneratorLimited as limit:
+                return Outcome(failure=Failure.UNMEASURED, detail=str(limit), rate=self.inputs.rate)
             if crashed:
                 return dataclasses.replace(crashed[-1], rate=self.inputs.rate)
             return Outcome(metrics=metrics, rate=self.inputs.rate)
@@ -541,7 +547,12 @@ class LiveTune:
 
         def check(slot: Slot) -> Verification:
             self._stage(slot, None, f"confirming at {rate:.3g} req/s")
-            _result, metrics = self.probe(slot, rate, warmup=self.inputs.warmup, seed=self.inputs.seed + 7)
+            try:  # a probe the load generator limited confirms nothing either way: repeated once, then unconfirmed
+                metrics = rate_search.measured(lambda r: self.probe(slot, r, warmup=self.inputs.warmup,
+                                                                    seed=self.inputs.seed + 7)[1])(rate)
+            except rate_search.GeneratorLimited as limit:
+                self._stage(slot, None, "unmeasured")
+                return Verification(slot.host, slot.name, rate, False, {}, str(limit))
             verdict = slo.judge(self.plan.slos, metrics)
             probe = capacity.judge_probe(self.plan.slos, metrics)
             self._stage(slot, None, "confirmed" if probe.met else "missed")
@@ -692,6 +703,13 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
     winner = found.best
     baseline_params = plan.space.params(plan.baseline) if plan.baseline else {}
     winner_params = {} if winner is None else {**winner.params, **winner.fields}
+    baseline = _baseline_trial(found.trials, tune.baseline_config)
+    # no winner over a baseline whose figure is the controller's or rests on too few samples (search.baseline_doubt)
+    doubt = None if winner is None or _same_config(winner_params, tune.baseline_config or {}) else \
+        search.baseline_doubt(baseline)
+    declined = winner if doubt is not None else None
+    if declined is not None:
+        winner, winner_params = None, {}
     is_baseline = winner is None or _same_config(winner_params, tune.baseline_config or {})
     try:
         trials_path = pareto.write_trials(found.trials, inputs.run_dir / TRIALS)
@@ -713,8 +731,16 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
         raise
     if end.committed:  # nothing below puts the baseline back
         tune._note(f"wrote the winner into {', '.join(end.written) or 'the inventory (it already held it)'}")
-    if winner is None:
-        end.status = ExitStatus.SLO_NOT_MET
+    if declined is not None:
+        end.status = ExitStatus.ENVIRONMENT if baseline.failure == Failure.UNMEASURED else ExitStatus.ERROR
+        held = "" if declined.rate is None else f" held the SLO at {declined.rate:.3g} req/s"
+        end.errors.insert(0, f"no winner declared: trial {declined.number} ({config_text(declined)}){held}, but "
+                             f"{doubt}, so there is no figure to beat; the instances run the inventory's "
+                             "configuration again; tune again on a quieter controller (or fewer --slots)")
+    elif winner is None:
+        # nothing measured at all (every trial unmeasured or crashed): the controller, not an SLO miss
+        unmeasured = found.closest is None and found.counts.get(Failure.UNMEASURED.value)
+        end.status = ExitStatus.ENVIRONMENT if unmeasured else ExitStatus.SLO_NOT_MET
         end.errors.insert(0, _nothing_met(found))
     winning = end.deployed == "winner"
     target = tune.baseline_config
@@ -723,7 +749,7 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
                               f"{len(plan.slots)} instances"),
         space=plan.space, trials=tuple(found.trials), best=winner, closest=found.closest, counts=found.counts,
         stopped=found.stopped, trials_path=trials_path, plot_path=plot_path, exit_status=end.status,
-        errors=tuple(end.errors), wall_s=time.monotonic() - started, baseline=_baseline_trial(found.trials, target),
+        errors=tuple(end.errors), wall_s=time.monotonic() - started, baseline=baseline,
         baseline_config=target,
         deployment=Deployment(service=plan.service, deployed=end.deployed,
                               params=winner_params if winning else baseline_params,
@@ -805,6 +831,11 @@ def _nothing_met(result: search.SearchResult) -> str:
     closest, counts = result.closest, result.counts
     if closest is None and not counts["evaluated"] and counts["screened"]:
         return tune_sim._nothing_met(result) + "; the instances run the inventory's configuration again"
+    if closest is None and counts.get(Failure.UNMEASURED.value):
+        first = next(t for t in result.trials if t.failure == Failure.UNMEASURED)
+        return (f"no configuration was measured: the load generator was the limit of {counts['unmeasured']} of the "
+                f"{counts['evaluated']} evaluated trials (e.g. trial {first.number}: {first.detail}); the instances "
+                "run the inventory's configuration again; tune again on a quieter controller (or fewer --slots)")
     if closest is None:
         crashes = ", ".join(f"{counts[f.value]} {f.value}" for f in search.CRASHES if counts[f.value])
         return (f"no configuration met the SLO: all {counts['evaluated']} evaluated crashed ({crashes or 'none'}); "

@@ -175,6 +175,22 @@ def summarize(values: Iterable[float], scale: float = 1.0, percentiles: Sequence
     return out
 
 
+def inner_rate(times: Sequence[float], total: int) -> tuple[float | None, float]:
+    """Events per second between the 10th and 90th percentile event of ``times`` (sorted), scaled by
+    len(times) / total (events that never happened count as not achieved), and the span between those events
+    (order statistics: one late event at either end does not move the rate)."""
+    n = len(times)
+    if n < 2:
+        return (0.0 if total else None), 0.0
+    lo, hi = int(0.1 * (n - 1)), math.ceil(0.9 * (n - 1))
+    if hi <= lo:
+        lo, hi = 0, n - 1
+    span = times[hi] - times[lo]
+    if span <= 0:
+        return math.inf, 0.0
+    return (hi - lo) / span * (n / total), span
+
+
 def percentile_key(p: float) -> str:
     """The key a percentile has in `summarize`'s result: 90 -> "p90", 99.9 -> "p99_9"."""
     return f"p{p:g}".replace(".", "_")

@@ -187,21 +187,6 @@ class SteadyState:
         return {**asdict(self), "undersized": self.undersized}
 
 
-def _inner_rate(times: Sequence[float], total: int) -> tuple[float | None, float]:
-    """Events per second between the 10th and 90th percentile event of ``times`` (sorted), scaled by
-    len(times) / total (events that never happened count as not achieved), and the span between those events."""
-    n = len(times)
-    if n < 2:
-        return (0.0 if total else None), 0.0
-    lo, hi = int(0.1 * (n - 1)), math.ceil(0.9 * (n - 1))
-    if hi <= lo:
-        lo, hi = 0, n - 1
-    span = times[hi] - times[lo]
-    if span <= 0:
-        return math.inf, 0.0
-    return (hi - lo) / span * (n / total), span
-
-
 def steady_state(records: Sequence[RequestRecord], warmup: int, *, required: int) -> SteadyState:
     """The sustained verdict of a probe's records (in send order; the first ``warmup`` are the warm-up)."""
     measured = list(records[warmup:])
@@ -209,8 +194,8 @@ def steady_state(records: Sequence[RequestRecord], warmup: int, *, required: int
     arrivals = sorted(r.scheduled for r in measured)
     ok = [r for r in measured if r.success]
     finishes = sorted(r.chunk_times[-1] for r in ok)
-    offered, _ = _inner_rate(arrivals, n)
-    achieved, _ = _inner_rate(finishes, n)
+    offered, _ = probe_metrics.inner_rate(arrivals, n)
+    achieved, _ = probe_metrics.inner_rate(finishes, n)
     window = arrivals[-1] - arrivals[0] if n >= 2 else 0.0
     first, second = _in_flight_halves(records, arrivals)
     reasons = []

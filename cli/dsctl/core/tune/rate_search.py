@@ -37,6 +37,13 @@ A probe's verdict is `capacity.judge_probe`'s: the SLOs, and a miss when the met
 that says the window was not sustained.  A search that held at ``max_rate`` (the ceiling) says so
 (``at_ceiling``): its rate is a lower bound, not a measured capacity.
 
+A probe whose load generator was the limit (`dsctl.core.load.generator_limit`: the client sent late, ran out of
+CPU, or the controller's CPUs were saturated while throughput fell short) says nothing about the instance: it is
+neither a held nor a missed verdict.  It is repeated once (`measured`; a passing hiccup of the controller), and when
+the repeat is limited too the search ends with no capacity (``unmeasured``: "the load generator was the limit at X
+req/s: why"), so the trial is never ranked on what the controller could do.  The repeat is not counted against
+``max_probes``: it is not a verdict.
+
 Rates are floats throughout (vllm-project/vllm#47651: integer anchors broke below 1 req/s).  Every probe counts
 against ``max_probes`` (repeats included; the repeats are reserved up front), so the search always ends.
 """
@@ -48,15 +55,47 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsctl.core.load import generator_limit
 from dsctl.core.tune import capacity
 from dsctl.core.tune import slo as slo_mod
-from dsctl.core.tune.search import Outcome
+from dsctl.core.tune.search import Failure, Outcome
 
 Probe = Callable[[float], Mapping[str, Any]]  # rate (req/s) -> probe_metrics.calculate_metrics summary
 # A probe's metrics carry this (true) when the probe stopped as soon as its miss was certain (live tune's early
 # stop): its window lasted a few dozen requests while a queue built up, so what it completed says nothing about the
 # server's throughput (a lab tune halved from 39 req/s straight to the 0.87 such a window "completed")
 STOPPED_EARLY = "stopped_early"
+
+
+class GeneratorLimited(Exception):
+    """A probe and its repeat were both limited by the load generator: the rate is unmeasured (the message says
+    at what rate and why)."""
+
+
+def limited(metrics: Mapping[str, Any]) -> str | None:
+    """Why the load generator was the limit of the probe with these metrics (its `generator_limit.KEY` verdict),
+    or None when it was not (or the metrics carry no verdict: a simulated probe)."""
+    verdict = metrics.get(generator_limit.KEY) or {}
+    if not verdict.get("limited"):
+        return None
+    return f"{generator_limit.figures(verdict)}: {verdict.get('reason')}"
+
+
+def measured(probe: Probe) -> Probe:
+    """``probe``, repeated once when the load generator was its limit; raises `GeneratorLimited` when the repeat
+    was limited too (see the module's docstring)."""
+
+    def run(rate: float) -> Mapping[str, Any]:
+        metrics = probe(rate)
+        if limited(metrics) is None:
+            return metrics
+        metrics = probe(rate)
+        why = limited(metrics)
+        if why is None:
+            return metrics
+        raise GeneratorLimited(f"the load generator was the limit at {rate:.3g} req/s (twice): {why}")
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -78,6 +117,7 @@ class RateSearchResult:
     confirmed: bool = True  # False: the probe budget ran out before ``rate`` could be repeated
     ceiling: float | None = None  # the search's max_rate
     completed: float | None = None  # throughput-bound: the most the server completed in a window (`_throughput`)
+    unmeasured: str = ""  # why no capacity was measured: the load generator was the limit (`measured`)
 
     @property
     def at_ceiling(self) -> bool:
@@ -128,7 +168,11 @@ def capacity_summary(result: RateSearchResult) -> dict[str, Any]:
 def to_outcome(result: RateSearchResult, **data: Any) -> Outcome:
     """The search driver's `Outcome` for a rate search: the metrics at the highest rate that held (the objective
     then comes from them: goodput or throughput at that rate), or, when none held, the probe nearest to the SLO
-    (recorded as an SLO miss with its binding constraint)."""
+    (recorded as an SLO miss with its binding constraint); a search the load generator limited is unmeasured, with
+    no metrics to rank it on."""
+    if result.unmeasured:
+        return Outcome(failure=Failure.UNMEASURED, detail=result.unmeasured,
+                       data={"rate_search": _summary(result), "capacity": capacity_summary(result), **data})
     if result.rate is not None:
         return Outcome(metrics=result.metrics, rate=result.rate,
                        data={"rate_search": _summary(result), "capacity": capacity_summary(result), **data})
@@ -141,7 +185,7 @@ def to_outcome(result: RateSearchResult, **data: Any) -> Outcome:
 def _summary(result: RateSearchResult) -> dict[str, Any]:
     return {"rate": result.rate, "lowest_missing": result.lowest_missing, "stopped": result.stopped,
             "confirmed": result.confirmed, "ceiling": result.ceiling, "at_ceiling": result.at_ceiling,
-            "completed": result.completed,
+            "completed": result.completed, "unmeasured": result.unmeasured or None,
             "probes": [{"rate": p.rate, "met": p.met, "margin": p.margin, "binding": p.binding, "repeat": p.repeat,
                         **_window(p)} for p in result.probes]}
 
@@ -158,14 +202,24 @@ def search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], *, start: float, min_
                 max_probes: int = 10, rel_tol: float = 0.05, repeats: int = 1, growth: float = 2.0,
                 prune_at: Callable[[], float | None] | None = None) -> RateSearchResult:
     """The highest rate in [min_rate, max_rate] at which ``probe``'s metrics meet ``slos`` (``prune_at``: the
-    rate to beat, see the module's docstring)."""
+    rate to beat, see the module's docstring); none, ``unmeasured``, when the load generator was the limit."""
+    probes: list[RateProbe] = []
+    try:
+        return _search_rate(measured(probe), slos, probes, start=start, min_rate=min_rate, max_rate=max_rate,
+                            max_probes=max_probes, rel_tol=rel_tol, repeats=repeats, growth=growth, prune_at=prune_at)
+    except GeneratorLimited as limit:
+        return RateSearchResult(None, None, tuple(probes), str(limit), ceiling=max_rate, unmeasured=str(limit))
+
+
+def _search_rate(probe: Probe, slos: Sequence[slo_mod.Slo], probes: list[RateProbe], *, start: float,
+                 min_rate: float, max_rate: float, max_probes: int, rel_tol: float, repeats: int, growth: float,
+                 prune_at: Callable[[], float | None] | None) -> RateSearchResult:
     if not 0 < min_rate <= max_rate or not math.isfinite(max_rate):
         raise ValueError(f"need 0 < min_rate <= max_rate < inf, got {min_rate}, {max_rate}")
     if max_probes < 1 + repeats or repeats < 0:
         raise ValueError(f"max_probes ({max_probes}) must leave room for the {repeats} repeat(s) and one probe")
     if growth <= 1 or rel_tol <= 0:
         raise ValueError("growth must exceed 1 and rel_tol must be positive")
-    probes: list[RateProbe] = []
 
     def run(rate: float, repeat: bool = False) -> RateProbe:
         metrics = probe(rate)

@@ -104,6 +104,9 @@ class Failure(StrEnum):
     QUALITY = "quality"
     SCREENED = "screened"
     INVALID = "invalid"
+    # no verdict: the load generator, not the instance, was the limit of its probes (`rate_search.measured`);
+    # hidden from the sampler (it learned nothing of the configuration), never ranked
+    UNMEASURED = "unmeasured"
     ERROR = "error"  # the engine (or the evaluator) failed in a way no pattern names
 
 
@@ -510,13 +513,15 @@ class Search:
 
     def _tell(self, trial: optuna.trial.Trial, record: TrialRecord, *, ruled: bool = False) -> None:
         trial.set_user_attr(_ATTR, record.to_dict())
-        if not ruled and not record.evaluated and record.failure in (Failure.SCREENED, Failure.INVALID):
+        if record.failure == Failure.UNMEASURED or (not ruled and not record.evaluated
+                                                    and record.failure in (Failure.SCREENED, Failure.INVALID)):
             # Kept as a record, hidden from the sampler (Optuna's TPE skips FAIL trials): told as complete
             # infeasible trials (at MAX_SLO_VIOLATION, below a crash's) predictions formed the "least bad" group
             # whenever no evaluated trial had finished yet (several slots running), and TPE then kept proposing
             # more of them.  A `Ruled` reason is told, at the violation of the crash it predicts: hidden, TPE asked
             # for 198 configurations the memory check ruled out in one 25-restart run (bench/tune.py long-fixed),
-            # spent the screen's consultations and then restarted into the same out-of-memory region.
+            # spent the screen's consultations and then restarted into the same out-of-memory region.  An unmeasured
+            # trial is hidden too: its probes measured the load generator, not the configuration.
             self.study.tell(trial, state=TrialState.FAIL)
         else:
             if _HAS_SET_CONSTRAINT:
@@ -713,6 +718,23 @@ def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
     top = max(r.objective for r in feasible)
     tied = [r for r in feasible if math.isclose(r.objective, top, rel_tol=1e-9, abs_tol=1e-12)]
     return min(tied, key=lambda r: (r.margin if r.margin is not None else 0.0, r.number))
+
+
+def baseline_doubt(baseline: TrialRecord | None) -> str | None:
+    """Why no winner may be declared over ``baseline`` (the inventory's own configuration, the trial the winner
+    is measured against), or None: its trial is unmeasured (the load generator was the limit of its probes), or
+    the probe its capacity rests on was undersized (fewer measured requests than the sample-size rule asks,
+    `capacity.SteadyState.undersized`): a candidate "beating" such a figure beats the controller's, not the
+    instance's (issue 42: a winner declared at 3.67 req/s over a baseline probe of 809 of 1,000 samples, 3.08)."""
+    if baseline is None:
+        return None
+    if baseline.failure == Failure.UNMEASURED:
+        return f"the baseline (trial {baseline.number}) is unmeasured: {baseline.detail}"
+    cap = baseline.capacity or {}
+    if baseline.feasible and cap.get("undersized"):
+        return (f"the baseline's (trial {baseline.number}) capacity rests on an undersized probe: {cap.get('samples')} "
+                f"measured requests of the {cap.get('required')} its SLO statistics need")
+    return None
 
 
 def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Sequence[Mapping[str, Any]],
