@@ -68,23 +68,25 @@ def test_in_an_open_loop_the_cpu_counts_when_the_releases_show_it(cpu, late, lim
                              "loop)" if limited else "")
 
 
-@pytest.mark.parametrize(("busy", "achieved", "late", "limited"), [
-    (0.95, 9.6, 0.003, False),  # saturated and late, but the instance completed what was offered
-    (0.89, 5.0, 0.003, False),  # short, but the machine had CPU to spare: the instance's shortfall
-    (0.95, 5.0, 0.001, False),  # saturated and short, but the client sent on time: not starved
-    (0.90, 9.4, 0.003, True),
+@pytest.mark.parametrize(("busy", "achieved", "late"), [
+    (0.95, 9.6, 0.003),  # saturated and late, the instance completed what was offered
+    (1.00, 3.3, 0.003),  # a fresh-clone CI run's lab tune: 100 % busy, 10.5 of 31.8 req/s completed, offered in full
+    (0.95, 5.0, 0.001),  # saturated and short, the client sent on time
 ])
-def test_a_saturated_machine_while_throughput_fell_short(busy, achieved, late, limited):
+def test_a_saturated_machine_alone_never_marks_the_probe(busy, achieved, late):
+    # The instance may share the machine's CPUs (the lab's engines do; so does a controller on a serving host): a
+    # busy machine and a shortfall are then the instance's own; what says the client kept up is what it offered.
     result = verdict(lags_s=[0.0] * 80 + [late] * 20, mean_gap_s=0.1, planned_rate=10.0, offered_rate=10.0,
                      achieved_rate=achieved, machine_busy=busy, window_s=5.0)
-    assert result.limited is limited
-    assert ("the machine's CPUs were" in result.reason) is limited
+    assert not result.limited and result.reason == ""
+    assert result.machine_busy_percent == round(busy * 100, 1)  # reported all the same
 
 
 def test_every_rule_that_fired_is_in_the_one_line_and_the_warning_has_both_rates():
+    # four rules (offered, median lag, p90 lag, the client's CPU); the machine's share is only reported
     result = verdict(lags_s=[0.03] * 100, mean_gap_s=0.025, planned_rate=4.0, offered_rate=3.22, achieved_rate=3.0,
                      client_cpu=0.98, machine_busy=0.97, window_s=25.0)
-    assert result.limited and len(result.reason.split("; ")) == 5 and "\n" not in result.reason
+    assert result.limited and len(result.reason.split("; ")) == 4 and "\n" not in result.reason
     line = result.warning()
     assert line.startswith("the load generator was the limit: planned 4 req/s, offered 3.22 (send lag p50 30 ms, "
                            "p99 30 ms; probe CPU 98 % of a core; machine 97 % busy): it offered 3.22")

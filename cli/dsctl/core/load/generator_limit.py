@@ -13,9 +13,8 @@ whether its own side was the limit, from what it can see of itself:
 * the probe process's CPU over the measured phase (``time.process_time``: every thread of it, since probes in
   threads share one interpreter lock: several of tune's trial slots at once can saturate it together), as a share
   of one core;
-* the whole machine's busy share over the same phase (``/proc/stat``, read by the adapter), with the achieved rate
-  short of the offered one and late releases: on a saturated machine the instance's shortfall cannot be told from
-  the client's.
+* the whole machine's busy share over the same phase (``/proc/stat``, read by the adapter): reported with the
+  verdict, not a rule of it (see the note above MIN_CPU_WINDOW_S).
 
 Each threshold below says why; the ones marked "guess" are not measured or sourced, they are the line drawn.
 """
@@ -50,12 +49,12 @@ LAG_TAIL_FLOOR_S = 0.002
 # modelled req/s against the emulated engine at time scale 0.05 used 95 % of a core with a p90 lag of 0.44 ms and
 # offered its planned rate.  A closed or capped loop has no lag to show it: the CPU alone says it.
 CLIENT_CPU_SHARE = 0.9
-# The machine's CPUs 90 % busy or more while the achieved rate fell more than OFFER_SLACK short of the offered
-# one and the releases were late (p90 above LAG_TAIL_FLOOR_S): the run queue delayed the client's wake-ups, and
-# the shortfall cannot be told from the instance's (on the 2-core lab, 90 % leaves a fifth of a core idle; guess).
-# Without late releases the client was not starved: the shortfall is the server's, or on the lab, whose engines
-# share the controller's CPUs, the lab's (the rate search probes above capacity on a busy CI machine all the time).
-MACHINE_BUSY_SHARE = 0.9
+# The machine's busy share is reported, never a verdict: the instance may share the machine's CPUs (the lab's
+# engines do, and so does a controller on a serving host), and then a saturated machine with a shortfall is the
+# instance's own.  Measured: a fresh-clone CI run's lab tune saw 100 % busy while its probe offered 31.8 of a
+# planned 31.8 req/s (p50 send lag 0.7 ms) and the instance completed 10.5; a rule "busy, short and late" called
+# that the controller's and left the tune without a baseline.  Telling a starved client from a starved instance
+# there needs the engine's own queue (vllm:num_requests_waiting on /metrics), which the probe does not read yet.
 # CPU shares are judged only over a measured phase of at least a quarter second: /proc/stat counts in clock ticks
 # (USER_HZ, 100 a second on the usual kernels, proc(5)), so a quarter second is 25 ticks a CPU and the machine's
 # share is within 4 %; shorter, one tick moves it too far (the process's own CPU is read in nanoseconds).  A lab
@@ -165,11 +164,6 @@ def judge(load: ClientLoad) -> GeneratorLimit:
     if timed and load.client_cpu is not None and load.client_cpu >= CLIENT_CPU_SHARE and (late or not lags):
         reasons.append(f"the probe's process used {load.client_cpu:.0%} of a core (at least "
                        f"{CLIENT_CPU_SHARE:.0%}: no time left for its event loop)")
-    short = achieved is not None and (offered or planned) and achieved < (1.0 - OFFER_SLACK) * (offered or planned)
-    if timed and short and late and load.machine_busy is not None and load.machine_busy >= MACHINE_BUSY_SHARE:
-        reasons.append(f"the machine's CPUs were {load.machine_busy:.0%} busy (at least {MACHINE_BUSY_SHARE:.0%}) "
-                       f"while it completed {achieved:.3g} req/s of {offered or planned:.3g} and its releases were "
-                       "late: the shortfall may be the controller's")
 
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1e3, 3)
