@@ -72,12 +72,6 @@ def _path_or_url(value: str) -> str:
     return safe_path(value) if value.startswith("/") else _http_url(value)
 
 
-def _one_line(value: str) -> str:
-    if not value.strip() or any(c in value for c in "\n\r\0"):
-        raise ValueError("not a one-line value")
-    return value
-
-
 # strict=True: YAML turns 24.1 into a float and "yes" stays a string; neither may slip through as a version
 # or a boolean (the roles would compare a float, or treat the string "false" as true).
 # Every path setting: absolute, of a character set no shell, unit file or supervisor program gives a meaning to.
@@ -93,17 +87,18 @@ def _root_dir(action: str, example: str) -> Any:
 
 PathOrUrl = Annotated[Text, AfterValidator(_path_or_url)]
 HttpUrl = Annotated[Text, AfterValidator(_http_url)]
-OneLine = Annotated[Text, AfterValidator(_one_line)]
+# Text is already one line without surrounding blanks (dsctl.core.text); these may not be empty either.
+OneLine = Annotated[Text, Field(min_length=1)]
 # One version grammar for every version setting (dsctl.core.fleet.versions.VERSION_TEXT); the vllm-ascend one
 # may also say "none" (no serving stack, dsctl.core.fleet.matrix.NO_SERVING).
-Version = Annotated[Text, Field(min_length=1), AfterValidator(_one_line), AfterValidator(version_text)]
+Version = Annotated[Text, Field(min_length=1), AfterValidator(version_text)]
 
 
 def _serving_version(value: str) -> str:
     return value if value.lower() == NO_SERVING else version_text(value)
 
 
-ServingVersion = Annotated[Text, Field(min_length=1), AfterValidator(_one_line), AfterValidator(_serving_version)]
+ServingVersion = Annotated[Text, Field(min_length=1), AfterValidator(_serving_version)]
 Flag = Annotated[bool, Field(strict=True)]
 
 _VERSION = "a quoted version string"
