@@ -765,7 +765,10 @@ async def starved_open_loop(busy_s: float) -> RunResult:
                 running[0] = False
 
 
-@pytest.mark.parametrize("busy_s", [0.0, 0.03])
+# Only the starved case: a quiet loop's verdict depends on what else the machine runs (a fresh-clone CI run saw a
+# quiet probe released 12 ms late on a 100 %-busy machine, rightly marked); tests/unit/test_generator_limit.py holds
+# the not-limited cases as data.
+@pytest.mark.parametrize("busy_s", [0.03])
 def test_an_open_loop_whose_event_loop_is_starved_is_limited_by_its_load_generator(busy_s):
     result = run(starved_open_loop(busy_s))
     assert len(result.records) == 60 and all(r.success for r in result.records)
@@ -776,9 +779,6 @@ def test_an_open_loop_whose_event_loop_is_starved_is_limited_by_its_load_generat
         result.records, lags=True, client_cpu_s=result.client_cpu_s, machine_busy=result.machine_busy,
         window_s=result.duration))
     assert verdict.planned_rate == pytest.approx(50.0)
-    if not busy_s:
-        assert not verdict.limited, verdict
-        return
     # released up to 30 ms late, at a loop that has no CPU to spare: the probe's own side was the limit
     assert verdict.limited and verdict.send_lag_p50_ms > 5.0, verdict
     assert "half its requests were sent more than" in verdict.reason
