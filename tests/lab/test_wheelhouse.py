@@ -487,7 +487,7 @@ def test_vllm_serve_and_the_engine_module_serve_from_the_venv_alone(installed, t
     assert refused.returncode == 2 and "not a command of the lab stand-in" in refused.stderr
     refused = run(vllm, "serve", MODEL_PATH, "--stream-num", "4", "--port", str(free_port()), cwd=tmp_path)
     assert refused.returncode == 2
-    assert refused.stderr.splitlines()[-1] == "vllm serve: error: unrecognized arguments: --stream-num 4"
+    assert refused.stderr.splitlines()[-1] == "vllm: error: unrecognized arguments: --stream-num 4"
 
     common = ["--host", "127.0.0.1", "--max-num-seqs", "8"]
     ports = {name: free_port() for name in ("fast", "plain", "module")}

@@ -93,6 +93,7 @@ def deployments(result) -> list[tuple]:
     ("capture_begin:../torch_npu/csrc/core/npu/NPUGraph.cpp:230 NPU function error: "
      "c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), error code is 207008", Failure.GRAPH_CAPTURE),
     ("vllm serve: error: unrecognized arguments: --stream-num 4", Failure.BAD_FLAG),
+    ("vllm: error: unrecognized arguments: --stream-num 4", Failure.BAD_FLAG),  # vLLM 0.32's words
     ("instance chat-0 not ready after 600 s", Failure.START_TIMEOUT),
     ("Segmentation fault (core dumped)", Failure.ERROR),
 ])

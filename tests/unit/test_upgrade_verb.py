@@ -89,6 +89,9 @@ class Fleet:
     def engine_time_scale(self, target, *, api_key, timeouts):
         return None  # a real engine: no emulated time scale
 
+    def prompt_token_counts(self, target, *, api_key, timeouts, bodies):
+        return None, "HTTP 404"  # as MindIE answers: no /tokenize
+
     def probe(self, target, *, path, model, api_key, request_id_header, timeouts, load, warmup, body, backstop,
               on_model, on_finish, lag_samples=None, keep_text=False, preflight=None):
         name = {f"10.0.0.{i}": h for i, h in enumerate(HOSTS, 1)}[target.host]

@@ -549,8 +549,9 @@ class _Conn(asyncio.Protocol):
             prompt = usage.get("prompt_tokens")
             if isinstance(completion, int):
                 self.rec.output_tokens = completion  # type: ignore[union-attr]
-            if isinstance(prompt, int) and prompt > 0:
+            if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0:
                 self.rec.prompt_tokens = prompt  # type: ignore[union-attr]
+                self.rec.server_prompt_tokens = prompt  # type: ignore[union-attr]
 
     def _other(self, payload: bytes, now: float) -> None:
         try:

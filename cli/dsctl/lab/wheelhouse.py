@@ -297,9 +297,15 @@ def build_wheel(stand_in: StandIn) -> bytes:
     if serving:
         files.update(serving_files())
         info[f"{stand_in.dist_info}/entry_points.txt"] = ENTRY_POINTS.encode()
+    return wheel_bytes(stand_in.dist_info, files, info)
+
+
+def wheel_bytes(dist_info: str, files: dict[str, bytes], info: dict[str, bytes]) -> bytes:
+    """A deterministic wheel of ``files`` (path -> bytes) and the ``info`` files of its ``dist_info`` directory
+    (METADATA, WHEEL, ...), with the RECORD computed here."""
     # Module files first, then the .dist-info with RECORD last (as PEP 427 recommends), each group sorted.
     members = {**dict(sorted(files.items())), **dict(sorted(info.items()))}
-    record_path = f"{stand_in.dist_info}/RECORD"
+    record_path = f"{dist_info}/RECORD"
     record = "".join(f"{path},sha256={_record_digest(data)},{len(data)}\n" for path, data in members.items())
     members[record_path] = (record + f"{record_path},,\n").encode()
 
@@ -471,7 +477,8 @@ line of a real host to ``dsctl.engine.__main__.main(["serve", ...])``, changed a
   (``VLLM_ONLY_FLAGS``, e.g. --compilation-config, --kv-cache-dtype) are dropped with a warning on stderr,
   with the value that follows them.  Any other flag -- a typo, or a knob of another engine such as the
   fixed-batch engine's --stream-num, --batch-size, --kv-sparse-threshold -- is refused as real vLLM's
-  argparse refuses it: "vllm serve: error: unrecognized arguments: --stream-num 4", exit 2, before
+  argparse refuses it: "vllm: error: unrecognized arguments: --stream-num 4" (vLLM 0.32's words: the top-level
+  parser reports it, after its usage line), exit 2, before
   anything starts.  The emulation's own controls (``EMULATION_FLAGS``: --chip, --time-scale, --startup,
   --jitter, --record, --profile-json) pass, for the lab's harness; sites set them through
   DSCTL_ENGINE_TIME_SCALE / DSCTL_ENGINE_STARTUP instead.
@@ -500,19 +507,22 @@ _NUMBER = re.compile(r"-[0-9.]")
 VLLM_ONLY_FLAGS = frozenset("""
 --compilation-config --speculative-config --kv-cache-dtype --load-format --download-dir --tokenizer
 --tokenizer-mode --revision --code-revision --tokenizer-revision --pipeline-parallel-size -pp
---distributed-executor-backend --swap-space --cpu-offload-gb --num-gpu-blocks-override --max-logprobs
---max-seq-len-to-capture --disable-custom-all-reduce --enable-lora --max-loras --max-lora-rank
---scheduling-policy --max-num-partial-prefills --max-long-partial-prefills --long-prefill-token-threshold
---num-scheduler-steps --generation-config --override-generation-config --chat-template --response-role
+--distributed-executor-backend --cpu-offload-gb --num-gpu-blocks-override --max-logprobs
+--disable-custom-all-reduce --enable-lora --max-loras --max-lora-rank
+--scheduling-policy --long-prefill-token-threshold
+--generation-config --override-generation-config --chat-template --response-role
 --enable-auto-tool-choice --tool-call-parser --reasoning-parser --uvicorn-log-level --root-path
 --allowed-origins --allowed-methods --allowed-headers --ssl-keyfile --ssl-certfile --max-log-len
 --enable-log-requests --no-enable-log-requests --async-scheduling --no-async-scheduling --hf-overrides
---enable-sleep-mode --kv-transfer-config --limit-mm-per-prompt --mm-processor-kwargs --guided-decoding-backend
+--enable-sleep-mode --kv-transfer-config --limit-mm-per-prompt --mm-processor-kwargs
 --structured-outputs-config --prefix-caching-hash-algo
 """.split())
+# Every flag the stand-in accepts is one real vLLM 0.32's parser accepts (tests/realvllm/test_vllm_parser.py holds
+# the two sets against each other): flags older vLLM releases had and 0.32 no longer has (--swap-space,
+# --num-scheduler-steps, --max-seq-len-to-capture, --guided-decoding-backend, --max-num-partial-prefills,
+# --max-long-partial-prefills, --disable-log-requests) are refused, so the lab is never more forgiving than vLLM.
 # The emulation's own controls (the lab's harness; not vLLM flags).
 EMULATION_FLAGS = frozenset(["--chip", "--time-scale", "--startup", "--jitter", "--record", "--profile-json"])
-SERVE_USAGE = "usage: vllm serve [model_tag] [options]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -537,8 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = engine.build_parser()
     unknown = unrecognized(args[1:], parser)
     if unknown:
-        print(SERVE_USAGE, file=sys.stderr)
-        print("vllm serve: error: unrecognized arguments: " + " ".join(unknown), file=sys.stderr, flush=True)
+        print(USAGE, file=sys.stderr)
+        print("vllm: error: unrecognized arguments: " + " ".join(unknown), file=sys.stderr, flush=True)
         return 2
     engine_args, dropped = engine_argv(args[1:], parser, load_models, os.environ)
     if dropped:
@@ -608,7 +618,7 @@ def engine_argv(args: list[str], parser: argparse.ArgumentParser, models: Any,
 def unrecognized(args: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """The arguments real ``vllm serve`` would not recognise, as argparse lists them (a flag and its value)."""
     known = serve_options(parser)
-    vllm_knows = (set(known) - FIXED_BATCH_FLAGS) | VLLM_ONLY_FLAGS | EMULATION_FLAGS
+    vllm_knows = (set(known) - ENGINE_ONLY_FLAGS) | VLLM_ONLY_FLAGS | EMULATION_FLAGS
     unknown: list[str] = []
     tokens = list(args)
     index = 0
@@ -631,6 +641,8 @@ def unrecognized(args: list[str], parser: argparse.ArgumentParser) -> list[str]:
 
 # Knobs of the fixed-batch engine (dsctl engine serve) that vLLM has no flag for.
 FIXED_BATCH_FLAGS = frozenset(["--stream-num", "--batch-size", "--kv-sparse-threshold"])
+# The engine's flags real vLLM 0.32 has no longer or never had: the fixed-batch knobs, and one kept for old scripts.
+ENGINE_ONLY_FLAGS = FIXED_BATCH_FLAGS | {"--disable-log-requests"}
 
 
 def serve_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -54,6 +54,13 @@ class Prober(Protocol):
         ``result.preflight``. Raises DsctlError when the server cannot be used at all."""
         ...
 
+    def prompt_token_counts(self, target: Target, *, api_key: str | None, timeouts: Timeouts,
+                            bodies: list[bytes]) -> tuple[list[int] | None, str]:
+        """The server's token count of each ``bodies`` entry ({"prompt": ...} or {"messages": [...]}) from its
+        ``POST /tokenize`` (vLLM's), as usage.prompt_tokens would count it: (counts, ""), or (None, why not) when
+        the server offers no such count (404 from MindIE, the emulated engine, a gateway that routes only /v1)."""
+        ...
+
     def engine_time_scale(self, target: Target, *, api_key: str | None, timeouts: Timeouts) -> float | None:
         """The wall seconds per modelled second of dsctl's emulated engine (the lab), which says so in its
         /version; None for any other server (real vLLM, MindIE, a gateway in front of them), or when it cannot

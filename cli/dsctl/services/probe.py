@@ -39,7 +39,7 @@ from dsctl.adapters import output_paths, sweep_plot
 from dsctl.adapters.ansible_run import new_artifacts_dir
 from dsctl.adapters.probe_client import Load, Preflight, RunResult, Target, Timeouts, header_value_problem
 from dsctl.adapters.tokenizer import LocalTokenizer
-from dsctl.core.load import arrivals, dataset, generator_limit, limits, probe_metrics, sweep
+from dsctl.core.load import arrivals, dataset, generator_limit, limits, probe_metrics, prompt_lengths, sweep
 from dsctl.core.load.probe_metrics import GOODPUT_METRICS, RequestRecord, SloWatch
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, engine_tokens, request_body
@@ -114,7 +114,8 @@ class Plan:
     total_planned: int | None
     percentiles: tuple[float, ...] = probe_metrics.PERCENTILES
     tokenizer: LocalTokenizer | None = None
-    prompt_counting: str = "engine rule"  # how planned prompt lengths were counted: "engine rule" | "tokenizer"
+    # how planned prompt lengths were counted: "engine rule" | "tokenizer" | "server /tokenize"
+    prompt_counting: str = "engine rule"
     replay: bool = False  # the schedule is a dataset's timestamps
     dataset_info: dict[str, Any] | None = None
     last_release: float | None = None  # an open loop's last release (seconds from the start)
@@ -580,6 +581,7 @@ def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
     watch = SloWatch(plan.bounds_ms, cfg.slo_stat, plan.total_planned, plan.statistics,
                      excluded=excluded) if plan.bounds_ms else None
     scale = time_scale(prober, cfg, plan)
+    plan, calibration = calibrate_prompts(prober, cfg, plan, progress)
     origin = time.perf_counter()  # any fixed instant: modelled and wall differences agree from it
 
     def on_model(model: str) -> None:
@@ -633,7 +635,48 @@ def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
         outcome.data["tokenizer_check"] = verdict
         if verdict["warning"]:
             outcome.data["warnings"].append(verdict["warning"])
+    sent = prompt_lengths.sent_check((r.planned_prompt_tokens, r.server_prompt_tokens)
+                                     for r in result.records if r.success)
+    outcome.data["prompt_lengths"] = {**(calibration.to_dict() if calibration is not None else
+                                         {"counted_by": plan.prompt_counting}), "sent": sent}
+    if sent["warning"]:
+        outcome.data["warnings"].append(sent["warning"])
     return outcome
+
+
+def calibrate_prompts(prober: Prober, cfg: ProbeConfig, plan: Plan,
+                      progress: ProgressSink) -> tuple[Plan, prompt_lengths.Calibration | None]:
+    """Synthetic prompts without --tokenizer, fitted to the server's tokens where it counts them
+    (`dsctl.core.load.prompt_lengths`): the plan to run and what was learnt (None: nothing to calibrate)."""
+    workload = plan.workload
+    if plan.tokenizer is not None or workload.prompts is not None:
+        return plan, None
+
+    def counts(candidate: Workload) -> tuple[list[int], list[int] | None, str]:
+        planned = [candidate.request(PROMPT_CHECK_INDEX - k) for k in range(prompt_lengths.CALIBRATION_PROMPTS)]
+        bodies = [encode_body({"prompt": p.prompt} if cfg.endpoint == "completions" else
+                              {"messages": p.messages or [{"role": "user", "content": p.prompt}]}) for p in planned]
+        server, why = prober.prompt_token_counts(plan.target, api_key=cfg.api_key, timeouts=plan.timeouts,
+                                                 bodies=bodies)
+        return [p.prompt_tokens for p in planned], server, why
+
+    planned, server, why = counts(workload)
+    if server is None:
+        return plan, prompt_lengths.Calibration("none", reason=f"the server did not count tokens: {why}")
+    mean = sum(planned) / len(planned)
+    server_mean = sum(server) / len(server)
+    factor = prompt_lengths.scale(planned, server)
+    if factor is None:
+        return plan, prompt_lengths.Calibration("server", mean, server_mean)
+    refitted = workload.rescaled(factor)
+    new_planned, new_server, _ = counts(refitted)
+    refitted_mean = None if new_server is None else sum(new_server) / len(new_server)
+    progress({"event": "dsctl_note", "msg": (
+        f"the server counts {server_mean:.0f} tokens in prompts planned as {mean:.0f} (its /tokenize): prompts are "
+        f"fitted to its tokens ({factor:.2f} per word)" + ("" if refitted_mean is None else
+                                                           f", now {refitted_mean:.0f} by its count"))})
+    return replace(plan, workload=refitted, prompt_counting="server /tokenize"), prompt_lengths.Calibration(
+        "server", mean, server_mean, factor, refitted_mean)
 
 
 def generator_verdict(plan: Plan, result: RunResult, scale: float) -> generator_limit.GeneratorLimit:

@@ -16,6 +16,7 @@ from dsctl.errors import DsctlError, UsageError
 from dsctl.services.ports import BodyMaker, FinishHook, ProgressSink
 
 MODELS_TIMEOUT_S = 10.0
+TOKENIZE_PATH = "/tokenize"  # vLLM's token count of a prompt or of chat messages (its serving_tokenization)
 # What dsctl's emulated engine adds to vLLM's /version (dsctl.engine.server); no other server sends it.
 ENGINE_TIME_SCALE_KEY = "emulated_time_scale"
 
@@ -62,6 +63,25 @@ async def _resolve_model(client: ProbeClient, model: str | None) -> str:
 @dataclass(frozen=True)
 class HttpProber:
     """`Prober` over dsctl's streaming OpenAI client (one asyncio loop per probe)."""
+
+    def prompt_token_counts(self, target: Target, *, api_key: str | None, timeouts: Timeouts,
+                            bodies: list[bytes]) -> tuple[list[int] | None, str]:
+        async def main() -> tuple[list[int] | None, str]:
+            counts: list[int] = []
+            async with ProbeClient(target, api_key=api_key, timeouts=timeouts) as client:
+                for body in bodies:
+                    try:
+                        status, doc = await client.post_json(TOKENIZE_PATH, body)
+                    except ProbeError as exc:
+                        return None, str(exc)
+                    count = doc.get("count") if status == 200 and isinstance(doc, dict) else None
+                    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+                        return None, (f"{target.url}{TOKENIZE_PATH} answered HTTP {status}" if status != 200 else
+                                      f"{target.url}{TOKENIZE_PATH} answered without a token count")
+                    counts.append(count)
+            return counts, ""
+
+        return asyncio.run(main())
 
     def engine_time_scale(self, target: Target, *, api_key: str | None, timeouts: Timeouts) -> float | None:
         async def main() -> float | None:

@@ -398,6 +398,9 @@ class LiveTune:
             def engine_time_scale(_, target, **kwargs):
                 return self.prober.engine_time_scale(target, **kwargs)
 
+            def prompt_token_counts(_, target, **kwargs):
+                return self.prober.prompt_token_counts(target, **kwargs)
+
         result = probe_verb.probe(_Stopping(), cfg)
         metrics = capacity.window_metrics(result.result.records, size.warmup, required=size.rule,
                                           goodput_ms=slo.goodput_bounds_ms(self.goodput))

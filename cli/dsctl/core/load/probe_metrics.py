@@ -77,6 +77,8 @@ class RequestRecord:
     token_messages: int = 0  # choice-bearing messages that carry a token (the "chunks" count; see the module)
     output_tokens: int | None = None  # usage.completion_tokens, when returned
     prompt_tokens: int = 0  # usage.prompt_tokens when returned, else the planned prompt length
+    planned_prompt_tokens: int = 0  # the planned prompt length (set from prompt_tokens when the record is made)
+    server_prompt_tokens: int | None = None  # usage.prompt_tokens, when returned
     status: int | None = None  # HTTP status
     error: ErrorClass | None = None
     error_detail: str = ""
@@ -87,6 +89,10 @@ class RequestRecord:
     # bytes while the run lasts and turns them into text when it ends)
     text_parts: list[str] | None = None
     tokenized_output: int | None = None  # the generated text re-tokenised (``--tokenizer``), when there was no usage
+
+    def __post_init__(self) -> None:
+        if not self.planned_prompt_tokens:
+            self.planned_prompt_tokens = self.prompt_tokens
 
     @property
     def success(self) -> bool:

