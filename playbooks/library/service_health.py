@@ -175,6 +175,13 @@ FAILURE_SIGNATURES = (
     ("startup_error", re.compile(r"^\s*(?:\w+\.)*\w*(?:Error|Exception):\s|\bERROR\b")),
 )
 GENERIC_WRAPPERS = re.compile(r"See root cause above|EngineCore failed to start|Traceback \(most recent call")
+# vLLM's configs are pydantic dataclasses: a refused value is "...ValidationError: 1 validation error for
+# ModelConfig", the reason on the indented lines below it ("  Value error, User-specified max_model_len ...
+# [type=value_error, ...]"), then a help link as the log's last line (vLLM 0.32, tests/realvllm).
+CAUSE_MAX = 200
+PYDANTIC_HEADER = re.compile(r"ValidationError: \d+ validation errors? for \w+")
+PYDANTIC_FOOTER = re.compile(r"^\s*For further information visit https://errors\.pydantic\.dev/")
+PYDANTIC_DETAIL = re.compile(r"\s*\[type=[^\]]*\]\s*$")
 
 
 class Unhealthy(Exception):
@@ -216,16 +223,34 @@ def tail(lines, count):
 
 
 def last_line(lines):
-    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return next((line.strip() for line in reversed(lines) if line.strip() and not PYDANTIC_FOOTER.search(line)), "")
 
 
 def root_cause(lines):
-    """(class, line): the most specific failure line of the log, the last one of its class."""
+    """(class, line): the most specific failure line of the log, the last one of its class (a pydantic
+    ValidationError with the reasons indented under it)."""
     for name, pattern in FAILURE_SIGNATURES:
-        for line in reversed(lines):
+        for index in range(len(lines) - 1, -1, -1):
+            line = lines[index]
             if pattern.search(line) and (name != "startup_error" or not GENERIC_WRAPPERS.search(line)):
-                return name, line.strip()
+                return name, with_pydantic_reasons(lines, index)
     return None, None
+
+
+def with_pydantic_reasons(lines, index):
+    """The line at ``index``, and when it is a pydantic ValidationError header, the reasons indented below it."""
+    line = lines[index].strip()
+    if not PYDANTIC_HEADER.search(line):
+        return line
+    reasons = []
+    for below in lines[index + 1:index + 1 + 20]:  # bounded: a ValidationError lists a handful of fields
+        if not below.startswith((" ", "\t")) or PYDANTIC_FOOTER.search(below):
+            if PYDANTIC_FOOTER.search(below):
+                continue
+            break
+        reasons.append(PYDANTIC_DETAIL.sub("", below.strip()))
+    line = re.sub(r"^(?:\w+\.)+(?=ValidationError)", "", line)  # pydantic_core._pydantic_core.: no news to a reader
+    return f"{line}: {'; '.join(r for r in reasons if r)}" if reasons else line
 
 
 # --------------------------------------------------------------------------- process
@@ -436,11 +461,20 @@ def wait_healthy(url, model=None, kind="openai", log_file=None, timeout=900.0, i
 
 
 def exited_message(log, status_line):
-    msg = "instance exited during start-up: " + (last_line(log) or f"(no log) process check says {status_line!r}")
+    last = last_line(log)
     _, cause = root_cause(log)
-    if cause and cause != last_line(log):
-        msg += f" (root cause: {cause})"
+    if cause and PYDANTIC_DETAIL.sub("", last) in cause:  # the last line is the cause's own reason: say it once
+        return "instance exited during start-up: " + clipped(cause)
+    msg = "instance exited during start-up: " + (clipped(last) or f"(no log) process check says {status_line!r}")
+    if cause and cause != last:
+        msg += f" (root cause: {clipped(cause)})"
     return msg
+
+
+def clipped(line):
+    """A log line cut to CAUSE_MAX characters: the deploy's one-line error keeps room for what happened next
+    (rolled back or not); the whole line is in the log tail the task returns."""
+    return line if len(line) <= CAUSE_MAX else line[:CAUSE_MAX - 3] + "..."
 
 
 def transport_error(exc):

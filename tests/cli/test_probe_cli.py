@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.app import main
+from dsctl.core.load import probe_metrics
 from dsctl.core.load.slo_spec import Slo
 from dsctl.services.probe import ProbeConfig, probe
 from dsctl.services.runtime import HttpProber
@@ -341,6 +342,36 @@ def test_a_time_scaled_engine_is_judged_in_modelled_time(capsys, tmp_path):
     assert wall < 2.5
     # a modelled TTFT of a 32-token prompt on one NPU: milliseconds to tens of them, never the wall's ~0.1 ms
     assert 1 < metrics["ttft_ms"]["median"] < 200
+
+
+def test_a_busy_controller_adds_its_delays_once_not_one_over_the_scale_times(capsys, tmp_path):
+    """At the lab's time scale (0.05: a modelled second in 50 wall ms), with two busy processes on the controller's
+    cores, the probe's modelled TTFT is the engine's own modelled TTFT (its --record: wall seconds / scale) plus the
+    wall milliseconds the controller, the loopback and the engine's front added, once: the engine stamps every event
+    with its wall seconds since arrival and only that part is scaled.  Before, each wall millisecond read as 20."""
+    scale = 0.05
+    hog = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(2)]
+    try:
+        with serving_engine(tmp_path, str(scale)) as (url, record):
+            code, env = run_json(capsys, url, "--rate", "20", "--requests", "40", "--output-tokens", "8",
+                                 "--prompt-tokens", "64", "--time-scale", "auto", "--record",
+                                 str(tmp_path / "client.jsonl"))
+    finally:
+        for process in hogs:
+            process.kill()
+            process.wait()
+    assert code == 0, env["errors"]
+    engine_rows = {row["id"]: row for row in map(json.loads, record.read_text().splitlines())}
+    client_rows = [json.loads(line) for line in (tmp_path / "client.jsonl").read_text().splitlines()]
+    gaps = sorted(row["ttft_ms"] - (engine_rows[row["id"]]["first_token_time"] - engine_rows[row["id"]]["arrival"])
+                  / scale * 1e3 for row in client_rows)
+    stamps = env["data"]["engine_stamps"]
+    assert stamps is not None and stamps["requests"] == 40, stamps
+    # the modelled TTFT exceeds the engine's modelled TTFT by the wall overhead the probe measured, counted once
+    # (however busy the machine: that overhead is what it is); scaled, the gap would be 20 times the overhead
+    assert probe_metrics.percentile(gaps, 50) == pytest.approx(stamps["wall_overhead_ms_median"], abs=0.05)
+    assert gaps[0] >= -0.01
 
 
 def test_early_stop_ends_a_hopeless_probe_with_exit_6(engine, capsys):

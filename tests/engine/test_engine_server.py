@@ -191,10 +191,24 @@ def test_completion_stream_sse_framing_and_usage_chunk(engine):
     assert all(e["choices"][0]["finish_reason"] is None for e in token_events[:-1])
     text = "".join(e["choices"][0]["text"] for e in token_events)
     assert count_tokens(text) == 12
+    # a time-scaled engine stamps each token event with its wall seconds since arrival (growing), nothing else
+    elapsed = [e["dsctl_engine_elapsed_s"] for e in token_events]
+    assert elapsed == sorted(elapsed) and 0 < elapsed[0] < 1 and "dsctl_engine_elapsed_s" not in usage_event
     # the same prompt without streaming gives the same text (seeded, deterministic)
     status, _, plain = request(engine.port, "POST", "/v1/completions", {**body, "stream": False,
                                                                         "stream_options": None}, AUTH)
     assert status == 200 and json.loads(plain)["choices"][0]["text"] == text
+
+
+def test_at_time_scale_one_the_stream_carries_vllms_keys_only(tmp_path):
+    started = Engine(tmp_path, MODEL, "--startup", "0", "--time-scale", "1").wait_ready()
+    try:
+        for path, body in (("/v1/completions", {"prompt": "hello there", "max_tokens": 3}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})):
+            status, _, raw = request(started.port, "POST", path, {**body, "stream": True})
+            assert status == 200 and b"dsctl_" not in raw, raw
+    finally:
+        started.stop()
 
 
 def test_stream_without_include_usage_has_no_usage_chunk(engine):

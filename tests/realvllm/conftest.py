@@ -1,8 +1,8 @@
 """Real vLLM (the CPU build of 0.32.0) and its tiny model, as .ci/setup installs them (dsctl.lab.real_vllm).
 
-The tests here hold dsctl's engine-facing half against vLLM's own code.  They need the venv at
-``$DSCTL_REAL_VLLM_VENV`` (default ``.venv-vllm`` at the checkout's root, with the model in ``tiny-model`` under
-it): without it they fail, saying how to make it, unless DSCTL_SKIP_REAL_VLLM=1 asks to leave them out (a machine
+The tests here hold dsctl's engine-facing half against vLLM's own code.  They need the venv and the model
+where ``python -m dsctl.lab.real_vllm`` puts them (``$DSCTL_REAL_VLLM_VENV`` and ``$DSCTL_REAL_VLLM_MODEL`` elsewhere):
+without them they fail, saying how to make them, unless DSCTL_SKIP_REAL_VLLM=1 asks to leave them out (a machine
 that cannot install vLLM; CI always has it).
 """
 
@@ -20,24 +20,25 @@ import pytest
 
 from dsctl.lab import real_vllm
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("DSCTL_REAL_VLLM_VENV") or ROOT / ".venv-vllm")
-MODEL = VENV / "tiny-model"
+VENV = Path(os.environ.get("DSCTL_REAL_VLLM_VENV") or real_vllm.DEFAULT_VENV)
+MODEL = Path(os.environ.get("DSCTL_REAL_VLLM_MODEL") or real_vllm.DEFAULT_MODEL)
 SERVED_NAME = "tiny"
 START_TIMEOUT_S = 400.0  # 45 s alone on two cores; several times that beside three busy test workers
 
 
-def _require() -> None:
+def require_real_vllm() -> None:
+    """Fail (or skip, with DSCTL_SKIP_REAL_VLLM=1) when real vLLM or its model is not installed."""
     if os.environ.get("DSCTL_SKIP_REAL_VLLM") == "1":
         pytest.skip("DSCTL_SKIP_REAL_VLLM=1: the real-vLLM tests are left out")
     if not (VENV / "bin" / "vllm").exists() or not real_vllm.model_complete(MODEL):
-        pytest.fail(f"no real vLLM at {VENV}: run .ci/setup, or python -m dsctl.lab.real_vllm --venv {VENV} "
-                    f"--model {MODEL} (DSCTL_SKIP_REAL_VLLM=1 leaves these tests out)", pytrace=False)
+        pytest.fail(f"no real vLLM at {VENV} (or no model at {MODEL}): run .ci/setup, or python -m "
+                    f"dsctl.lab.real_vllm --venv {VENV} --model {MODEL} (DSCTL_SKIP_REAL_VLLM=1 leaves these tests "
+                    "out)", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
-    _require()
+    require_real_vllm()
     return VENV / "bin" / "python"
 
 

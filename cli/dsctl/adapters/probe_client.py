@@ -65,6 +65,9 @@ _ROLE = re.compile(rb'"role"\s*:')
 _ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 # A choice that ends: "finish_reason" with a string ("stop", "length", ...), not null.
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
+# What a time-scaled emulated engine adds to each event (dsctl.engine.openai.ENGINE_ELAPSED_KEY); no real server does.
+_ENGINE_ELAPSED_KEY = b'"dsctl_engine_elapsed_s"'
+_ENGINE_ELAPSED = re.compile(rb'"dsctl_engine_elapsed_s"\s*:\s*([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)')
 # RFC 9110 field-name token characters: a request id header name cannot smuggle CR/LF or a colon.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 DEFAULT_REQUEST_ID_HEADER = "x-request-id"
@@ -496,6 +499,8 @@ class _Conn(asyncio.Protocol):
                     if found is not None:
                         rec.response_id = found.group(1).decode("utf-8", "replace")  # type: ignore[union-attr]
                 times.append(now)
+                if _ENGINE_ELAPSED_KEY in payload:
+                    self._engine_stamp(payload, len(times))
                 # Which messages carry a token (the output length without usage). llama.cpp's server sends one
                 # message per generated token, with empty text while a token's text is held back (a stop string may
                 # be starting), then a last message with finish_reason and no text ("in stream mode, content and
@@ -537,6 +542,19 @@ class _Conn(asyncio.Protocol):
                       "line that ends it", now)
             return
         self.sse = sse[start:] if start < len(sse) else b""
+
+    def _engine_stamp(self, payload: bytes, count: int) -> None:
+        """The emulated engine's elapsed seconds for the message just timed (the ``count``-th), aligned with
+        chunk_times (nan for earlier messages without one)."""
+        found = _ENGINE_ELAPSED.search(payload)
+        if found is None:
+            return
+        rec = self.rec
+        stamps = rec.engine_elapsed  # type: ignore[union-attr]
+        if stamps is None:
+            stamps = rec.engine_elapsed = []  # type: ignore[union-attr]
+        stamps.extend([math.nan] * (count - 1 - len(stamps)))
+        stamps.append(float(found.group(1)))
 
     def _usage(self, payload: bytes, now: float) -> None:
         try:
@@ -860,6 +878,7 @@ class ProbeClient:
                 rec.error, rec.error_detail, rec.status, rec.end = None, "", None, math.nan
                 rec.chunk_times.clear()
                 rec.token_messages, rec.output_tokens, rec.response_id, rec.text_parts = 0, None, None, None
+                rec.engine_elapsed = None
                 rec.sent = time.perf_counter()
                 continue
             return None if stream else bytes(conn.body)

@@ -255,14 +255,19 @@ def _plan(args: argparse.Namespace, perfmodel: Any) -> dict[str, Any]:
     if model is not None:
         max_model_len = args.max_model_len or model.max_model_len
         if max_model_len > model.max_model_len and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
+            # vLLM 0.32's words and layout (ModelConfig is a pydantic dataclass: its ValidationError, the
+            # reason indented under it, the help link), as tests/realvllm saw them from the real engine
             raise StartupError(
-                f"ValueError: User-specified max_model_len ({max_model_len}) is greater than the derived "
-                f"max_model_len (max_position_embeddings={model.max_model_len} or model_max_length=None in model's "
-                f"config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
-                f"VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative "
-                f"position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model uses "
-                f"absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA array "
-                f"out-of-bounds error.")
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                f"  Value error, User-specified max_model_len ({max_model_len}) is greater than the derived "
+                f"max_model_len (max_position_embeddings={float(model.max_model_len)} or model_max_length=None in "
+                "model's config.json). To allow overriding this maximum, set the env var "
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If "
+                "the model uses relative position encoding (RoPE), positions exceeding derived_max_model_len lead to "
+                "nan. If the model uses absolute position encoding, positions exceeding derived_max_model_len will "
+                "cause a CUDA array out-of-bounds error. [type=value_error, input_value=ArgsKwargs((), {'model': "
+                f"{model_name!r}, ...}}), input_type=ArgsKwargs]\n"
+                "    For further information visit https://errors.pydantic.dev/2.14/v/value_error")
     try:
         started = engine_config.plan(config, perfmodel)
         failure = None

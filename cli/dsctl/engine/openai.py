@@ -227,6 +227,14 @@ def _json_string(text: str) -> str:
     return '"' + text + '"' if _PLAIN_TEXT.fullmatch(text) else json.dumps(text)
 
 
+# The key a time-scaled emulated engine adds to each stream event: the wall seconds from the request's arrival to the
+# iteration that produced the event's latest token.  The probe divides them by the scale (modelled engine time) and
+# adds the rest of what it measured (the network, the client, the server's front) unscaled, so a millisecond the
+# controller loses is a millisecond, not 1/scale of them.  At time scale 1 the engine sends none: the stream is vLLM's
+# byte for byte.  No real server sends it.
+ENGINE_ELAPSED_KEY = "dsctl_engine_elapsed_s"
+
+
 class Shaper:
     """Serialises one request's responses; stream chunks come pre-framed as SSE events.
 
@@ -234,8 +242,12 @@ class Shaper:
     few string concatenations; the synthetic text (lowercase words) needs no escaping.
     """
 
-    def __init__(self, req: GenerationRequest):
+    def __init__(self, req: GenerationRequest, *, stamps: bool = False):
+        """``stamps``: every choice-bearing event also carries ``ENGINE_ELAPSED_KEY``, the wall seconds from the
+        request's arrival to the iteration that produced its latest token (a time-scaled engine only: see
+        ``ENGINE_ELAPSED_KEY``)."""
         self.req = req
+        self.stamps = stamps
         self.chat = req.kind == "chat"
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         self._head = ('data: {"id":' + json.dumps(req.request_id) + ',"object":"' + obj + '","created":'
@@ -251,20 +263,25 @@ class Shaper:
         self._prefix = prefix
         self._fixed_tail = None if req.continuous_usage else ("}\n\n" if self.chat else ',"usage":null}\n\n')
 
-    def role_chunk(self) -> bytes:
+    def role_chunk(self, elapsed: float | None = None) -> bytes:
         """The chat stream's first event (empty content, role assistant)."""
         return (self._head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                '"finish_reason":null}]' + self._tail(0) + "}\n\n").encode()
+                '"finish_reason":null}]' + self._tail(0) + self._stamp(elapsed) + "}\n\n").encode()
+
+    def _stamp(self, elapsed: float | None) -> str:
+        return "" if not self.stamps or elapsed is None else f',"{ENGINE_ELAPSED_KEY}":{elapsed:.6f}'
 
     def _tail(self, completion_tokens: int) -> str:
         if self.req.continuous_usage:
             return ',"usage":' + json.dumps(_usage(self.req.prompt_tokens, completion_tokens), separators=(",", ":"))
         return "" if self.chat else ',"usage":null'
 
-    def token_chunk(self, text: str, completion_tokens: int, finished: bool) -> bytes:
+    def token_chunk(self, text: str, completion_tokens: int, finished: bool, elapsed: float | None = None) -> bytes:
         tail = self._fixed_tail
         if tail is None:
             tail = self._tail(completion_tokens) + "}\n\n"
+        if self.stamps and elapsed is not None:
+            tail = tail[:-3] + self._stamp(elapsed) + "}\n\n"
         return (self._prefix + _json_string(text) + (self._last if finished else self._running) + tail).encode()
 
     def usage_chunk(self, completion_tokens: int) -> bytes:

@@ -309,9 +309,10 @@ class Engine:
         shaper: openai.Shaper = live.shaper  # type: ignore[assignment]
         start = live.sent
         live.sent = start + count
-        data = shaper.token_chunk(live.text.text(start, count), live.sent, done)
+        elapsed = None if live.last_wall is None else live.last_wall - live.arrival_wall
+        data = shaper.token_chunk(live.text.text(start, count), live.sent, done, elapsed)
         if start == 0 and shaper.chat:
-            data = shaper.role_chunk() + data
+            data = shaper.role_chunk(elapsed) + data
         if done:
             if live.gen.include_usage:
                 data += shaper.usage_chunk(live.sent)
@@ -718,7 +719,7 @@ class HttpServer:
         keep_alive = keep_alive and chunked
         writer.write(self._head(200, "text/event-stream; charset=utf-8", None, keep_alive, extra, chunked=chunked))
         live.chunked = chunked
-        live.shaper = openai.Shaper(live.gen)
+        live.shaper = openai.Shaper(live.gen, stamps=self.config.advertised_time_scale != 1.0)
         live.transport = writer.transport  # type: ignore[assignment]
         engine = self.engine
         try:

