@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dsctl.lab import real_vllm
 
 SERVED = "tiny"
+SETTLE_S = 8.0  # between runs: the machine's two cores back to the server alone
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                 servers: dict[str, list[dict]] = {"dsctl probe": [], "vllm bench serve": []}
                 for round_ in range(args.rounds):
                     for tool in (list(runs) if round_ % 2 == 0 else list(reversed(runs))):
+                        # vllm bench serve's process takes a few seconds of CPU to exit (torch); measured with no
+                        # pause, the probe that followed it read 16 ms more TTFT than the server saw
+                        time.sleep(SETTLE_S)
                         before = scrape(server.url)
                         seed = 100 + round_
                         runs[tool].append(run_probe(server.url, rate, args, seed) if tool == "dsctl probe" else

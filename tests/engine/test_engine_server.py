@@ -203,8 +203,9 @@ def test_completion_stream_sse_framing_and_usage_chunk(engine):
 def test_at_time_scale_one_the_stream_carries_vllms_keys_only(tmp_path):
     started = Engine(tmp_path, MODEL, "--startup", "0", "--time-scale", "1").wait_ready()
     try:
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         for path, body in (("/v1/completions", {"prompt": "hello there", "max_tokens": 3}),
-                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})):
+                           ("/v1/chat/completions", chat)):
             status, _, raw = request(started.port, "POST", path, {**body, "stream": True})
             assert status == 200 and b"dsctl_" not in raw, raw
     finally:

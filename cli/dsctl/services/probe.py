@@ -683,7 +683,7 @@ def calibrate_prompts(prober: Prober, cfg: ProbeConfig, plan: Plan,
     if factor is None:
         return plan, prompt_lengths.Calibration("server", mean, server_mean)
     refitted = workload.rescaled(factor)
-    new_planned, new_server, _ = counts(refitted)
+    _, new_server, _ = counts(refitted)
     refitted_mean = None if new_server is None else sum(new_server) / len(new_server)
     progress({"event": "dsctl_note", "msg": (
         f"the server counts {server_mean:.0f} tokens in prompts planned as {mean:.0f} (its /tokenize): prompts are "

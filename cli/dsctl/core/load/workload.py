@@ -21,7 +21,6 @@ exactly that share.
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -233,10 +232,19 @@ class Workload:
         length = self.prompt_len.sample(rng)
         shared = min(length - 1, round(self.shared_prefix * length)) if self.shared_prefix > 0 else 0
         tag = _tag(index)[: length - shared]
+        if self.server_scale is not None:
+            # every word is `server_scale` tokens by that count: the word counts follow directly (fitting word by
+            # word, as for a tokenizer, tried 64 padding words per prompt when no count hits N exactly, and cost the
+            # probe's event loop 3-4 ms a request at send time)
+            scale = self.server_scale
+            prefix = min(len(self._prefix), round(shared / scale)) if shared else 0
+            total = max(1, prefix + len(tag), round(length / scale))
+            words = self._prefix[:prefix] + tag[: total - prefix] + self._words(rng, max(0, total - prefix - len(tag)))
+            text = " ".join(words)
+            return PlannedRequest(index, text, None, self.counter(text), self.output_len.sample(rng))  # type: ignore[misc]
         if self.counter is not None:  # the shared share and the whole prompt in the tokenizer's tokens
             fixed = ([self._prefix_text(shared)] if shared else []) + tag
-            words = length if self.server_scale is None else math.ceil(length / min(1.0, self.server_scale))
-            text, tokens = fit_words(fixed, self._words(rng, words + 16), length, self.counter)
+            text, tokens = fit_words(fixed, self._words(rng, length + 16), length, self.counter)
             return PlannedRequest(index, text, None, tokens, self.output_len.sample(rng))
         words = self._prefix[:shared] + tag + self._words(rng, length - shared - len(tag))
         return PlannedRequest(index, " ".join(words), None, length, self.output_len.sample(rng))
