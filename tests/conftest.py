@@ -27,9 +27,10 @@ FILE_SECONDS = {
     "tests/lab/test_provision_bare.py": 338,
     "tests/lab/test_gateway.py": 281,
     "tests/lab/test_npu_network.py": 148,
-    "tests/lab/test_real_vllm_deploy.py": 300,  # 153 s alone: real vLLM starts three times
-    "tests/realvllm/test_probe_real_vllm.py": 60,
-    "tests/realvllm/test_refusals.py": 40,
+    "tests/lab/test_real_vllm_deploy.py": 403,  # 153 s alone: real vLLM starts three times
+    "tests/realvllm/test_probe_real_vllm.py": 75,
+    "tests/realvllm/test_vllm_parser.py": 20,
+    "tests/realvllm/test_refusals.py": 15,
     "tests/lab/test_deploy_inputs.py": 139,
     "tests/cli/test_tune_cli.py": 75,
     "tests/lab/test_lab_errors.py": 66,
