@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dsctl.lab import real_vllm
 
-SERVED = "tiny"
+SERVED = real_vllm.SERVED_NAME
 SETTLE_S = 8.0  # between runs: the machine's two cores back to the server alone
 
 
@@ -118,12 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     rates = [float(r) for r in args.rates.split(",")]
     if not real_vllm.model_complete(real_vllm.DEFAULT_MODEL):
         raise SystemExit("no real vLLM: run python -m dsctl.lab.real_vllm (or .ci/setup)")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.realvllm.conftest import Server  # one way to start real vLLM for tests and benches
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        server = Server(["--enforce-eager"], directory / "serve.log")
+        server = real_vllm.Server(["--enforce-eager"], directory / "serve.log")
         try:
             started = time.monotonic()
             server.wait_healthy()

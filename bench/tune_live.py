@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import labcli
 
 from dsctl.adapters import output_paths
 from dsctl.errors import UsageError
@@ -28,15 +29,7 @@ WORKLOAD = ("--slo", "ttft=200ms", "--prompt-tokens", "256", "--output-tokens", 
 
 
 def dsctl(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DSCTL_LAB_ROOT": ROOT}
-    return subprocess.run([sys.executable, "-m", "dsctl", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(result.args[2:4])} exited {result.returncode}:\n{result.stderr[-2000:]}")
-    return result
+    return labcli.dsctl(ROOT, *args, timeout=timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,15 +45,15 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as exc:
             raise SystemExit(f"tune_live: {exc}") from None
     dsctl("lab", "down")
-    inventory = ok(dsctl("lab", "up", "--hosts", "2")).stdout.strip().splitlines()[-1]
+    inventory = labcli.ok(dsctl("lab", "up", "--hosts", "2")).stdout.strip().splitlines()[-1]
     try:
-        ok(dsctl("provision", inventory))
-        ok(dsctl("deploy", inventory))
+        labcli.ok(dsctl("provision", inventory))
+        labcli.ok(dsctl("deploy", inventory))
         rows = []
         for slots in (1, 4):
             started = time.monotonic()
             floor = () if args.requests is None else ("--requests", str(args.requests))
-            result = ok(dsctl("tune", inventory, *WORKLOAD, "--budget", str(args.budget), *floor,
+            result = labcli.ok(dsctl("tune", inventory, *WORKLOAD, "--budget", str(args.budget), *floor,
                               "--slots", str(slots)))
             wall = time.monotonic() - started
             print(result.stdout)  # tune's own table, as a user sees it
@@ -71,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(run_dir / "pareto.png", args.plot)
             best = data["best"] or {}
             rows.append((slots, wall, best.get("objective"), data["counts"]["evaluated"]))
-            ok(dsctl("deploy", inventory))  # the next run starts from the same baseline (the inventory's)
+            labcli.ok(dsctl("deploy", inventory))  # the next run starts from the same baseline (the inventory's)
         print(f"{'slots':>5}  {'wall s':>7}  {'restarts':>8}  {'best goodput req/s':>18}")
         for slots, wall, best, restarts in rows:
             print(f"{slots:>5}  {wall:>7.0f}  {restarts:>8}  {best if best is None else f'{best:.3g}':>18}")

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,8 +19,7 @@ from dsctl.lab import real_vllm
 
 VENV = Path(os.environ.get("DSCTL_REAL_VLLM_VENV") or real_vllm.DEFAULT_VENV)
 MODEL = Path(os.environ.get("DSCTL_REAL_VLLM_MODEL") or real_vllm.DEFAULT_MODEL)
-SERVED_NAME = "tiny"
-START_TIMEOUT_S = 400.0  # 45 s alone on two cores; several times that beside three busy test workers
+SERVED_NAME = real_vllm.SERVED_NAME
 
 
 def require_real_vllm() -> None:
@@ -42,12 +38,6 @@ def vllm_python() -> Path:
     return VENV / "bin" / "python"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def parse_with_vllm(python: Path, argvs: list[list[str]]) -> dict:
     """vLLM's own parser over each command line (tests/realvllm/vllm_argparse.py)."""
     done = subprocess.run([str(python), str(Path(__file__).with_name("vllm_argparse.py"))],
@@ -55,54 +45,3 @@ def parse_with_vllm(python: Path, argvs: list[list[str]]) -> dict:
                           env=real_vllm.environment(), check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
-
-
-class Server:
-    """One real `vllm serve` of the tiny model on loopback (its own process group; stopped at the end)."""
-
-    def __init__(self, extra: list[str], log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        argv = [str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--served-model-name", SERVED_NAME,
-                "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "2048", *extra]
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env=real_vllm.environment())
-
-    def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"vllm serve exited {self.process.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise AssertionError(f"vllm serve not healthy after {timeout:g} s:\n{self.tail()}")
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def vllm_server(vllm_python, tmp_path_factory):
-    """Real vLLM serving the tiny model (eager: no graph compilation, the fastest start)."""
-    server = Server(["--enforce-eager"], tmp_path_factory.mktemp("vllm") / "serve.log")
-    try:
-        server.wait_healthy()
-        yield server
-    finally:
-        server.stop()

@@ -1,5 +1,5 @@
 """Prompt lengths in the server's tokens (dsctl.core.load.prompt_lengths) and prompts refitted to a measured scale
-(Workload.rescaled).  Against real vLLM: tests/realvllm/test_probe_real_vllm.py."""
+(Workload.rescaled).  Against real vLLM: tests/lab/test_real_vllm_deploy.py."""
 
 from __future__ import annotations
 

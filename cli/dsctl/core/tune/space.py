@@ -380,6 +380,43 @@ class SearchSpace:
                 "constraints": [c.text for c in self.constraints], "notes": list(self.notes)}
 
 
+def including_baseline(space: SearchSpace, baseline: Mapping[str, Any],
+                       overridden: Sequence[str] = ()) -> SearchSpace:
+    """``space`` stretched so that the service's own configuration (``baseline``, `SearchSpace.baseline`), the live
+    tune's first trial and the figure a winner must beat, is one of its points: a number outside a knob's range
+    widens the range to it (a stepped knob only when the value is on its grid), a categorical value joins the
+    choices; each widening is noted.  A knob narrowed or pinned with ``--param`` (``overridden``) is the user's
+    range and is kept: a baseline value outside it is noted instead (that knob then starts from the space, so the
+    first trial is not the inventory's configuration).  Issue 42: a real-vLLM service at max_num_seqs 2 (the space
+    starts at 8) had its baseline trial silently run at a sampled 12."""
+    knobs: list[Knob] = []
+    notes: list[str] = []
+    for knob in space.knobs:
+        value = baseline.get(knob.name)
+        if value is None or knob.contains(value) or knob.parallel or knob.ratio_of is not None:
+            knobs.append(knob)
+            continue
+        wider = None
+        if knob.kind == "categorical":
+            wider = replace(knob, choices=(*knob.choices, value))
+        elif knob.kind in ("int", "float") and not isinstance(value, bool) and isinstance(value, (int, float)) \
+                and math.isfinite(value) and (knob.kind == "float" or float(value).is_integer()) \
+                and (value > 0 or not knob.log):
+            on_grid = not knob.step or knob.log or abs((value - knob.low) / knob.step
+                                                       - round((value - knob.low) / knob.step)) < 1e-9
+            wider = replace(knob, low=min(knob.low, value), high=max(knob.high, value)) if on_grid else None
+        if knob.name in overridden or wider is None:
+            notes.append(f"{knob.name}: the service's {_show(value)} is outside the searched {knob.text}"
+                         f"{' (--param)' if knob.name in overridden else ''}; the first trial is not its "
+                         "configuration")
+            knobs.append(knob)
+            continue
+        notes.append(f"{knob.name}: searched over {wider.text}, widened from {knob.text} to hold the service's "
+                     f"{_show(value)} (the baseline)")
+        knobs.append(wider)
+    return replace(space, knobs=tuple(knobs), notes=(*space.notes, *notes))
+
+
 def comparable(value: Any) -> Any:
     """A knob's value as the search compares it: numbers to 9 decimal places (a float knob's grid steps are
     coarser; 0.1 + 0.2 and 0.3 are one value), a bool never equal to a number.  One definition for every
