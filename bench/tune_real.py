@@ -19,7 +19,7 @@ repeats).  Capacity here is a 2-core CPU's, with the load generator on the same 
 the limit, and this bench prints it): the shape of the landscape is vLLM's, the numbers are this machine's.
 
 Run as root (the lab) on an otherwise idle machine, with real vLLM installed (.ci/setup, or python -m
-dsctl.lab.real_vllm): about 30 minutes with the defaults.
+dsctl.lab.real_vllm): about 35 minutes with the defaults (2,115 s here).
 
 Usage: .venv/bin/python bench/tune_real.py [--budget 4] [--repeats 2] [--slo ttft:p90=100ms]
 """

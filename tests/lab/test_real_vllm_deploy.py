@@ -138,7 +138,9 @@ def test_a_probe_without_a_tokenizer_sends_the_prompt_length_asked_in_the_server
     assert lengths["server_mean"] > 128 * 1.03, lengths
     sent = lengths["sent"]
     assert sent["requests_counted"] == 40 and abs(sent["server_mean"] - 128) <= 0.03 * 128, sent
-    assert sent["warning"] is None and not data["warnings"], data["warnings"]
+    # no warning but, on a crowded machine, the load generator's own (CI: send lag p99 316 ms beside three workers)
+    others = [w for w in data["warnings"] if not w.startswith("the load generator was the limit")]
+    assert sent["warning"] is None and not others, data["warnings"]
     m = data["metrics"]
     assert (m["completed"], m["failed"]) == (40, 0)
     # every token figure is vLLM's own count: per request (usage) and in its /metrics counters
