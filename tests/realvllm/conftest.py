@@ -19,7 +19,6 @@ from dsctl.lab import real_vllm
 
 VENV = Path(os.environ.get("DSCTL_REAL_VLLM_VENV") or real_vllm.DEFAULT_VENV)
 MODEL = Path(os.environ.get("DSCTL_REAL_VLLM_MODEL") or real_vllm.DEFAULT_MODEL)
-SERVED_NAME = real_vllm.SERVED_NAME
 
 
 def require_real_vllm() -> None:
