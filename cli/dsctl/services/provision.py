@@ -11,9 +11,9 @@ from typing import Any
 from dsctl.adapters import upgrade_state
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.inventory import host_plan
 from dsctl.core.upgrade.state import unfinished_upgrade
 from dsctl.errors import ExitStatus, UsageError
-from dsctl.services import host_plan
 from dsctl.services.fleet import Fleet, check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import REPORT_FACT, failure_lines, hosts_to_rerun, versions_summary

@@ -48,6 +48,8 @@ from dsctl.adapters import inventory_versions, upgrade_state
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
 from dsctl.core.fleet.versions import same_version
+from dsctl.core.inventory import host_plan
+from dsctl.core.inventory.deploy_plan import PlannedInstance
 from dsctl.core.load import limits
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import LengthSpec
@@ -67,9 +69,7 @@ from dsctl.core.upgrade.state import DONE, ROLLED_BACK, STAGES, STATE_FILE, Stat
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import check as check_verb
 from dsctl.services import deploy as deploy_verb
-from dsctl.services import host_plan
 from dsctl.services import provision as provision_verb
-from dsctl.services.deploy_plan import PlannedInstance
 from dsctl.services.fleet import Fleet, load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
 from dsctl.services.probe import ProbeConfig, probe
@@ -432,7 +432,7 @@ def _raise_for(status: ExitStatus, errors: Sequence[str], hosts: Sequence[str], 
 
 
 def _instances(fleet: Fleet) -> dict[str, list[PlannedInstance]]:
-    from dsctl.services.deploy_plan import plan_deploy
+    from dsctl.core.inventory.deploy_plan import plan_deploy
 
     addresses = {host: fleet.address(host) for host in fleet.settings}
     plan = plan_deploy(fleet.settings, addresses)
