@@ -56,6 +56,7 @@ from dsctl.core.load.workload import LengthSpec
 from dsctl.core.serving.multinode import MultiNodeError
 from dsctl.core.serving.service import Instance
 from dsctl.core.upgrade import gate
+from dsctl.core.upgrade.gate import parse_slos
 from dsctl.core.upgrade.plan import (
     VARIABLES,
     BatchSize,
@@ -126,7 +127,7 @@ class UpgradeInputs:
     batch: str = "1"
     canary: int | None = None
     max_regression: str = gate.DEFAULT
-    slos: tuple[Slo, ...] = ()  # --slo: absolute bounds on the gate probe (gate.parse_slos)
+    slos: tuple[Slo, ...] = ()  # --slo: absolute bounds on the gate probe (parse_slos)
     check: bool = False
     resume: bool = False
     rollback: bool = False
@@ -240,7 +241,7 @@ class _Run:
         self.progress, self.fleet, self.state = progress, fleet, state
         self.path = path
         self.limits = gate.parse_max_regression(state.max_regression)
-        self.slos = gate.parse_slos(state.slo)
+        self.slos = parse_slos(state.slo)
         self.instances = _instances(fleet)
         self.started = time.monotonic()
         self.batch_index = 0
