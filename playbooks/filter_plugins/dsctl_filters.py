@@ -5,7 +5,7 @@ they call these filters, which call the same functions `dsctl provision`, `dsctl
 tests use. Each filter raises AnsibleFilterError with dsctl's one-line message on bad input.
 
 The verbs compute each host's settings, desired stack and rendered instances once and hand them in as the
-``dsctl_plan`` extra var (cli/dsctl/services/host_plan.py): for a host it covers, the settings, stack and
+``dsctl_plan`` extra var (cli/dsctl/core/inventory/host_plan.py): for a host it covers, the settings, stack and
 instance filters return its entry instead of validating and rendering again; without one (plain
 ``ansible-playbook``, AWX) they compute the same functions here.
 """
@@ -19,14 +19,15 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 try:
-    from dsctl.adapters.ansible_values import plain as _plain
-    from dsctl.core.fleet import ascend_env, audit, install_steps, inventory_schema, root_paths, sha256sums, wheel_lock
+    from dsctl.core.ansible_values import plain as _plain
+    from dsctl.core.fleet import ascend_env, audit, install_steps, root_paths, sha256sums, wheel_lock
     from dsctl.core.fleet.stack import DesiredStack, serving_venv_name
     from dsctl.core.hostfacts import hoststate, platform
+    from dsctl.core.inventory import host_plan
+    from dsctl.core.inventory import schema as inventory_schema
     from dsctl.core.network import hccn_plan, hccn_state
     from dsctl.core.serving import multinode
     from dsctl.errors import DsctlError
-    from dsctl.services import host_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
     IMPORT_ERROR: str | None = str(missing)
 else:

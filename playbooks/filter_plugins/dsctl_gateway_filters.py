@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 try:
-    from dsctl.adapters.ansible_values import plain
-    from dsctl.core.fleet import inventory_schema
+    from dsctl.core.ansible_values import plain
+    from dsctl.core.inventory import host_plan
+    from dsctl.core.inventory import schema as inventory_schema
     from dsctl.core.serving import gateway
     from dsctl.errors import DsctlError
-    from dsctl.services import host_plan
 except ImportError as missing:  # ansible-playbook run outside dsctl's environment
     # This guard stays in each plugin (dsctl_filters.py has its own): it reports the dsctl package missing, so it
-    # cannot live in that package, and a plugin cannot import another plugin (see dsctl.adapters.ansible_values).
+    # cannot live in that package, and a plugin cannot import another plugin (see dsctl.core.ansible_values).
     IMPORT_ERROR: str | None = str(missing)
 else:
     IMPORT_ERROR = None

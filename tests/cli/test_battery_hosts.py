@@ -73,7 +73,7 @@ def test_usual_host_names_still_render(capsys, tmp_path, sentinel):
 
 def test_the_roles_path_refuses_the_host_name_too():
     # validate_fleet is what the roles' filters call under plain ansible-playbook.
-    from dsctl.core.fleet.inventory_schema import InventoryError, validate_fleet
+    from dsctl.core.inventory.schema import InventoryError, validate_fleet
 
     with pytest.raises(InventoryError, match="node-a;reboot"):
         validate_fleet({"node-a;reboot": {"dsctl_npu_count": 8, "dsctl_package_source": "/srv/p"}})

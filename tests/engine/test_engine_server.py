@@ -21,8 +21,8 @@ import pytest
 
 import dsctl
 from dsctl.core.hostfacts import versionfiles as vf
+from dsctl.core.load.tokens import count_tokens
 from dsctl.engine import server
-from dsctl.engine.text import count_tokens
 
 from .conftest import free_port, install_toolkits
 

@@ -1,11 +1,11 @@
-"""dsctl.adapters.ansible_values.plain on the values Ansible really hands a filter (its tagged, lazy types)."""
+"""dsctl.core.ansible_values.plain on the values Ansible really hands a filter (its tagged, lazy types)."""
 
 from __future__ import annotations
 
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from dsctl.adapters.ansible_values import plain
+from dsctl.core.ansible_values import plain
 
 
 def test_templated_values_become_exact_builtins():

@@ -205,7 +205,7 @@ def test_the_config_answers_its_fingerprint_which_changes_with_the_members():
 
 
 def test_a_whole_inventory_is_planned_from_validated_settings():
-    from dsctl.core.fleet.inventory_schema import validate_fleet
+    from dsctl.core.inventory.schema import validate_fleet
 
     fleet_vars = {name: {"dsctl_npu_count": 8, "dsctl_package_source": "/srv", "dsctl_services": [chat()],
                          "ansible_host": address} for name, address in (("lab-01", "10.0.0.1"), ("lab-02", "10.0.0.2"))}
@@ -218,7 +218,7 @@ def test_a_whole_inventory_is_planned_from_validated_settings():
 
 
 def test_a_multi_host_service_is_balanced_over_its_heads_only():
-    from dsctl.core.fleet.inventory_schema import validate_fleet
+    from dsctl.core.inventory.schema import validate_fleet
     from dsctl.core.lab.plan import npu_network_settings
 
     deepseek = {"name": "deepseek", "engine": "vllm-ascend", "model": "/models/DeepSeek-V3-w8a8", "weights": "int8",

@@ -1,4 +1,4 @@
-"""The per-host plan (services/host_plan.py) the verbs hand to the plays as dsctl_plan: it equals what the
+"""The per-host plan (core/inventory/host_plan.py) the verbs hand to the plays as dsctl_plan: it equals what the
 role filters compute without one, and a filter given a plan returns the plan's entry instead of validating again.
 Real schema, renderer and filter module; the inventories are read by the real ansible-inventory."""
 
@@ -17,10 +17,10 @@ import pytest
 
 from dsctl import data
 from dsctl.adapters import inventory
+from dsctl.core.inventory import host_plan
 from dsctl.core.lab.plan import plan_lab
 from dsctl.lab.hosts import LabPaths
 from dsctl.lab.inventory import render_inventory
-from dsctl.services import host_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "inventories" / "sample"

@@ -1,4 +1,4 @@
-"""The dsctl_* host variables and the fleet check (dsctl.core.fleet.inventory_schema)."""
+"""The dsctl_* host variables and the fleet check (dsctl.core.inventory.schema)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from dsctl.core.fleet.inventory_schema import HostSettings, InventoryError, validate_fleet, validate_host_vars
+from dsctl.core.inventory.schema import HostSettings, InventoryError, validate_fleet, validate_host_vars
 from dsctl.errors import DsctlError, ExitStatus
 
 SITE = {"dsctl_npu_count": 8, "dsctl_package_source": "/srv/ascend-packages",

@@ -1,5 +1,5 @@
 """What deploy writes on each node of a multi-host instance (dsctl.core.serving.multinode_render) and how the deploy
-verb plans the groups (dsctl.services.host_plan.plan_groups, rendered_nodes): per-node env, the same rank table on
+verb plans the groups (dsctl.core.inventory.host_plan.plan_groups, rendered_nodes): per-node env, the same rank table on
 every node, the head's and the workers' command lines, the unit under the host's manager, and the refusals."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from dsctl.assets import asset_root
-from dsctl.core.fleet import inventory_schema
+from dsctl.core.inventory import host_plan
+from dsctl.core.inventory import schema as inventory_schema
 from dsctl.core.lab.plan import npu_network_settings
 from dsctl.core.network.rank_table import check_rank_table
 from dsctl.core.serving.multinode import MultiNodeError
-from dsctl.services import host_plan
 
 HOSTS = ["lab-01", "lab-02", "lab-03", "lab-04"]
 ADDRESSES = {host: f"10.78.0.{11 + k}" for k, host in enumerate(HOSTS)}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.core.fleet import inventory_schema
+from dsctl.core.inventory import schema as inventory_schema
 from dsctl.core.lab.plan import npu_address, npu_gateway, npu_netmask, npu_network_settings
 from dsctl.core.network.hccn_plan import hccn_conf, plan_network
 from dsctl.core.network.hccn_state import (

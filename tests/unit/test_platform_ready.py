@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dsctl.core.fleet import readiness
-from dsctl.core.fleet.inventory_schema import InventoryError, validate_fleet, validate_host_vars
 from dsctl.core.hostfacts import platform, readyprobe
-from dsctl.services import host_plan
+from dsctl.core.inventory import host_plan
+from dsctl.core.inventory.schema import InventoryError, validate_fleet, validate_host_vars
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "os_release"
 SITE = {"dsctl_npu_count": 8, "dsctl_package_source": "/srv/ascend-packages", "dsctl_vllm_ascend_version": "v0.13.0"}

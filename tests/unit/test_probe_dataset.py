@@ -10,8 +10,8 @@ import pytest
 
 from dsctl.adapters.tokenizer import LocalTokenizer
 from dsctl.core.load import dataset
+from dsctl.core.load.tokens import count_tokens
 from dsctl.core.load.workload import WORDS, LengthSpec, Workload, engine_tokens, fit_words
-from dsctl.engine.text import count_tokens
 from dsctl.errors import UsageError
 from dsctl.services.probe import ProbeConfig, make_plan, read_dataset
 

@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from dsctl.core.fleet.inventory_schema import HostSettings, InventoryError, validate_host_vars
 from dsctl.core.fleet.root_paths import (
     CLASHES,
     DRIVER_ROOT,
@@ -18,6 +17,7 @@ from dsctl.core.fleet.root_paths import (
     host_path_problem,
     path_clashes,
 )
+from dsctl.core.inventory.schema import HostSettings, InventoryError, validate_host_vars
 from dsctl.core.serving.gateway import GatewayError, validate_gateway
 from dsctl.core.serving.service import ServiceError, validate_service
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from dsctl.adapters import inventory
-from dsctl.core.fleet.inventory_schema import validate_fleet
+from dsctl.core.inventory.deploy_plan import FORCE_RESTART_VAR, ONLY_VAR, OVERRIDES_VAR, SERIAL_VAR, plan_deploy
+from dsctl.core.inventory.schema import validate_fleet
 from dsctl.errors import ExitStatus, UsageError
 from dsctl.services.deploy import DeployInputs, DeployInterrupted, RolloutTracker
-from dsctl.services.deploy_plan import FORCE_RESTART_VAR, ONLY_VAR, OVERRIDES_VAR, SERIAL_VAR, plan_deploy
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "inventories" / "sample"

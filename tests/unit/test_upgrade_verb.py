@@ -525,12 +525,12 @@ def test_a_templated_version_is_refused_before_any_host_is_contacted(world):
 
 
 def test_provision_is_refused_while_an_upgrade_is_half_done_and_allowed_once_it_is_finished(world, monkeypatch):
+    from dsctl.adapters.upgrade_state import fleet_key, state_path
     from dsctl.services import provision as provision_verb
-    from dsctl.services.upgrade import _state_path, fleet_key
 
     fleet, _, inventory, _ = world
     monkeypatch.setenv("XDG_STATE_HOME", str(inventory.parent / "state"))
-    state_dir = _state_path(fleet_key(inventory)).parent
+    state_dir = state_path(fleet_key(inventory)).parent
 
     def run(**options):
         return upgrade(fleet, fleet, UpgradeInputs(inventory=inventory, state_dir=state_dir, **options),

@@ -11,12 +11,13 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from dsctl import data
-from dsctl.core.fleet import inventory_schema, sha256sums, wheel_lock
+from dsctl.core.fleet import sha256sums, wheel_lock
 from dsctl.core.fleet.matrix import release_pins, resolve_stack
 from dsctl.core.fleet.stack import serving_venv_name
+from dsctl.core.inventory import host_plan
+from dsctl.core.inventory import schema as inventory_schema
 from dsctl.errors import DsctlError
 from dsctl.lab import wheelhouse
-from dsctl.services import host_plan
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = data.load("releases")

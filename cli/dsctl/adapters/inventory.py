@@ -210,7 +210,7 @@ def _named_safely(hosts: HostsVars, groups: dict[str, HostsVars]) -> tuple[Hosts
 
 
 def _setting_names() -> list[str]:
-    from dsctl.core.fleet.inventory_schema import HostSettings
+    from dsctl.core.inventory.schema import HostSettings
 
     return HostSettings.setting_names()
 

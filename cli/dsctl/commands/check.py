@@ -16,10 +16,10 @@ from dsctl.cli_options import (
     VerboseOption,
     report,
     run_playbook_verb,
-    vault_options,
 )
 from dsctl.services.check import CheckInputs, CheckResult, check
 from dsctl.services.check_ready import check_ready
+from dsctl.services.inputs import vault_options
 from dsctl.services.runs import versions_summary
 
 READY_COLUMNS = ["host", "status", "OS", "arch", "kernel", "RAM GB", "free GB", "serving Python", "NPUs", "blockers"]

@@ -18,13 +18,11 @@ from dsctl.cli_options import (
     VaultFileOption,
     VerboseOption,
     bounded,
-    parse_params,
     report,
     run_playbook_verb,
-    vault_options,
 )
-from dsctl.core.load import limits
 from dsctl.services.deploy import DeployInputs, DeployResult, RenderResult, deploy, render
+from dsctl.services.inputs import HOSTS, parse_params, vault_options
 
 COLUMNS = ["host", "instance", "engine", "NPUs", "port", "status", "endpoint"]
 
@@ -36,7 +34,7 @@ def run(
     check: CheckOption = False,
     diff: DiffOption = False,
     serial: Annotated[int | None, typer.Option("--serial", min=1, help="Hosts deployed at a time.",
-                                                            callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = None,
+                                                            callback=bounded(HOSTS))] = None,
     instance: Annotated[list[str] | None, typer.Option(
         "--instance", help="Only this instance (chat-1) or service (chat); repeatable. Default: all.")] = None,
     param: Annotated[list[str] | None, typer.Option(

@@ -26,8 +26,8 @@ def serve(
                                              help="Port to listen on, 0..65535 (default 8000).")] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (flags as `vllm serve`; --help lists them)."""
-    from dsctl.engine.__main__ import main
+    from dsctl.services import engine
 
-    code = main(["serve", *ctx.args, *(["--port", str(port)] if port is not None else [])])
+    code = engine.serve(ctx.args, port)
     if code:
         raise typer.Exit(code)

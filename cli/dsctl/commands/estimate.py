@@ -8,13 +8,11 @@ import typer
 
 from dsctl import ui
 from dsctl.cli_options import bounded
-from dsctl.core.load import limits
-from dsctl.core.perf.estimate import WEIGHT_FORMATS, Estimate, duration_text, estimate, parse_slo
-from dsctl.core.perf.perfmodel import Chip, chip_by_name, model_by_name
-from dsctl.errors import ExitStatus, UsageError
+from dsctl.services.estimate import Chip, Estimate, duration_text, estimate
+from dsctl.services.inputs import HOSTS, IN_FLIGHT, INSTANCE_NPUS, TOKENS
 
 COLUMNS = ["quantity", "value", "how"]
-_TOKENS = bounded(1, limits.MAX_TOKENS, "tokens per request")
+_TOKENS = bounded(TOKENS.but(low=1))
 
 
 def show(
@@ -26,17 +24,16 @@ def show(
                                                      callback=_TOKENS)] = 256,
     chips: Annotated[int, typer.Option("--chips", min=1, help="NPUs of the instance (the tensor-parallel group "
                                                               "without --expert-parallel).",
-                                        callback=bounded(1, limits.MAX_CHIPS, "NPUs of one instance",
-                                                         limits.MAX_CHIPS_WHY))] = 1,
+                                        callback=bounded(INSTANCE_NPUS))] = 1,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Hosts the chips span, chips / nodes each (must "
                                                               "divide --chips); adds the traffic between hosts.",
-                                        callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = 1,
+                                        callback=bounded(HOSTS))] = 1,
     expert_parallel: Annotated[bool, typer.Option(
         "--expert-parallel", help="Shard a MoE model's experts over all chips (vllm-ascend --enable-expert-parallel): "
                                   "attention in TP groups inside a host, expert all-to-all per MoE layer.")] = False,
     concurrency: Annotated[int, typer.Option(
         "--concurrency", min=1, help="Requests in flight.",
-        callback=bounded(1, limits.MAX_CONCURRENCY, "requests in flight"))] = 1,
+        callback=bounded(IN_FLIGHT.but(low=1)))] = 1,
     weights: Annotated[str, typer.Option("--weights", help="Weight format: bf16 or int8 (W8A8).")] = "bf16",
     slo: Annotated[str | None, typer.Option(
         "--slo", help="SLOs: ttft=200ms,tpot=50ms,e2el=10s, ttft:mean=150ms (a percentile binds the burst's worst "
@@ -44,20 +41,13 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON result object.")] = False,
 ) -> None:
     """Predict TTFT, TPOT and throughput from the chip and model profiles; exit 6 if an SLO cannot be met."""
-    if weights.lower() not in WEIGHT_FORMATS:
-        raise UsageError(f"--weights: unknown format {weights!r}; known: {', '.join(WEIGHT_FORMATS)}")
-    targets = parse_slo(slo) if slo is not None else ()
-    profile = chip_by_name(chip)
-    result = estimate(profile, model_by_name(model), prompt_tokens=prompt_tokens,
-                      output_tokens=output_tokens, concurrency=concurrency, chips=chips,
-                      weight_bytes=WEIGHT_FORMATS[weights.lower()], slo=targets, nodes=nodes,
-                      expert_parallel=expert_parallel)
-    exit_code = int(ExitStatus.OK if result.feasible else ExitStatus.SLO_NOT_MET)
+    result = estimate(chip, model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
+                      chips=chips, nodes=nodes, expert_parallel=expert_parallel, weights=weights, slo=slo)
+    exit_code = int(result.exit_status)
     if as_json:
-        ui.emit_json(["estimate"], result.to_dict(), exit_code=exit_code,
-                     errors=[verdict.line for verdict in result.verdicts if not verdict.feasible])
+        ui.emit_json(["estimate"], result.to_dict(), exit_code=exit_code, errors=result.errors)
     else:
-        _print(result, profile)
+        _print(result.estimate, result.chip)
     if exit_code:
         raise typer.Exit(code=exit_code)
 

@@ -9,10 +9,9 @@ import typer
 
 from dsctl import ui
 from dsctl.cli_options import bounded
-from dsctl.core.lab.plan import DEFAULT_NAME, DEFAULT_SUBNET, MAX_DISK_GB, MAX_HOSTS, MAX_NPUS
-from dsctl.errors import DsctlError, ExitStatus
-from dsctl.lab import service
-from dsctl.lab.faults import FaultKind
+from dsctl.errors import ExitStatus
+from dsctl.services import lab as lab_verb
+from dsctl.services.lab import DEFAULT_SUBNET, FaultKind
 
 app = typer.Typer(help="Simulated Ascend hosts on this machine: namespaces with sshd, emulated NPUs and packages.",
                   no_args_is_help=True)
@@ -32,8 +31,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON result 
 @app.command()
 def up(
     hosts: Annotated[int, typer.Option("--hosts", help="Number of lab hosts.",
-                                       callback=bounded(1, MAX_HOSTS, "lab hosts"))] = 2,
-    npus: Annotated[int, typer.Option("--npus", help="NPUs per host.", callback=bounded(1, MAX_NPUS, "NPUs"))] = 8,
+                                       callback=bounded(lab_verb.LAB_HOSTS))] = 2,
+    npus: Annotated[int, typer.Option("--npus", help="NPUs per host.",
+                                      callback=bounded(lab_verb.NPUS))] = 8,
     chip: Annotated[str, typer.Option("--chip", help="Emulated board: 910B3, 910B4, 910B2C or 910.")] = "910B3",
     driver: Annotated[str | None, typer.Option("--driver", help="Preinstall this NPU driver (HDK) version.")] = None,
     firmware: Annotated[
@@ -44,15 +44,15 @@ def up(
         "--subnet", help=f"Lab network (IPv4; default {DEFAULT_SUBNET} for the lab named lab, else the first free "
                          "10.78.K.0/24).")] = None,
     disk_gb: Annotated[int, typer.Option("--disk-gb", help="Disk size each host reports.",
-                                         callback=bounded(1, MAX_DISK_GB, "GB"))] = 64,
+                                         callback=bounded(lab_verb.DISK_GB))] = 64,
     name: NameOption = None,
     root: RootOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create lab hosts (bare OS unless --driver/--firmware/--cann) and write their Ansible inventory."""
-    result = service.lab_up(
+    result = lab_verb.lab_up(
         root, hosts_count=hosts, npus=npus, chip=chip, subnet=subnet, disk_gb=disk_gb, driver=driver,
-        firmware=firmware, cann=cann, progress=ui.progress, name=name or DEFAULT_NAME,
+        firmware=firmware, cann=cann, progress=ui.progress, name=name,
     )
     spec = result.spec
     hosts_data = [{"name": h.name, "address": h.address} for h in spec.members]
@@ -72,7 +72,7 @@ def up(
 def down(name: NameOption = None, root: RootOption = None, as_json: JsonOption = False) -> None:
     """Remove every lab host: processes, mounts, namespaces, the bridge, the NPU plane and the state directory (of
     this lab only)."""
-    removed = service.lab_down(root, name)
+    removed = lab_verb.lab_down(root, name)
     if as_json:
         ui.emit_json(["lab", "down"], removed)
         return
@@ -84,7 +84,7 @@ def down(name: NameOption = None, root: RootOption = None, as_json: JsonOption =
 @app.command()
 def status(name: NameOption = None, root: RootOption = None, as_json: JsonOption = False) -> None:
     """Each host's power, network and NPUs as `npu-smi` reports them over SSH."""
-    spec, statuses = service.lab_status(root, name=name)
+    spec, statuses = lab_verb.lab_status(root, name=name)
     unreachable = [s.name for s in statuses if s.error]
     code = ExitStatus.HOSTS_UNREACHABLE if unreachable else ExitStatus.OK
     if as_json:
@@ -113,7 +113,7 @@ def fault(
     kind: Annotated[FaultKind, typer.Argument(help="What to break (or mend).", case_sensitive=False)],
     npu: Annotated[int | None, typer.Option(
         "--npu", help="NPU id, for chip-unhealthy / chip-healthy, link-down / link-up and hccn-conf-wrong.",
-        callback=bounded(0, MAX_NPUS - 1, "", " (the highest NPU id of a lab host)"))] = None,
+        callback=bounded(lab_verb.NPU_ID))] = None,
     health: Annotated[str, typer.Option("--health", help="Health to report: Warning, Alarm or Critical.")] = "Critical",
     component: Annotated[
         str,
@@ -126,7 +126,7 @@ def fault(
     root: RootOption = None,
 ) -> None:
     """Inject a fault that roles can only see through the host itself (npu-smi, hccn_tool, exit codes, df, SSH)."""
-    typer.echo(service.lab_fault(root, host, kind, name=name, npu=npu, health=health, component=component))
+    typer.echo(lab_verb.lab_fault(root, host, kind, name=name, npu=npu, health=health, component=component))
 
 
 @app.command()
@@ -135,14 +135,7 @@ def packages(
     as_json: JsonOption = False,
 ) -> None:
     """Write the lab's emulated Huawei installer packages (.run) and their sha256 manifest."""
-    from dsctl.adapters import output_paths
-    from dsctl.lab.packages import build_packages
-
-    output_paths.check_dir("--out", out)  # before the packages are built
-    try:
-        written = build_packages(out)
-    except OSError as exc:
-        raise DsctlError(f"--out {out}: {exc.strerror}; choose a writable directory") from exc
+    written = lab_verb.lab_packages(out)
     if as_json:
         ui.emit_json(["lab", "packages"], {"out": str(out), "files": [p.name for p in written]})
         return
@@ -172,7 +165,7 @@ def snapshot_save(
     name: NameOption = None, root: RootOption = None, as_json: JsonOption = False,
 ) -> None:
     """Save every host's disk (installed HDK, CANN, venvs, services' files) and boards; processes keep running."""
-    _render_snapshot("save", service.lab_snapshot(root, name, "save", snapshot, replace=replace,
+    _render_snapshot("save", lab_verb.lab_snapshot(root, name, "save", snapshot, replace=replace,
                                                   progress=ui.progress), as_json)
 
 
@@ -180,14 +173,14 @@ def snapshot_save(
 def snapshot_restore(snapshot: SnapshotName, name: NameOption = None, root: RootOption = None,
                      as_json: JsonOption = False) -> None:
     """Bring every host back to the snapshot: powered off, its saved files put back, booted (as after a reboot)."""
-    _render_snapshot("restore", service.lab_snapshot(root, name, "restore", snapshot, progress=ui.progress), as_json)
+    _render_snapshot("restore", lab_verb.lab_snapshot(root, name, "restore", snapshot, progress=ui.progress), as_json)
 
 
 @snapshot_app.command("delete")
 def snapshot_delete(snapshot: SnapshotName, name: NameOption = None, root: RootOption = None,
                     as_json: JsonOption = False) -> None:
     """Delete a snapshot."""
-    service.lab_snapshot(root, name, "delete", snapshot)
+    lab_verb.lab_snapshot(root, name, "delete", snapshot)
     if as_json:
         ui.emit_json(["lab", "snapshot", "delete"], {"deleted": snapshot})
     else:
@@ -199,7 +192,7 @@ def snapshot_list(name: NameOption = None, root: RootOption = None, as_json: Jso
     """The lab's snapshots: when saved, hosts, size and the driver and CANN each host's disk holds."""
     import time
 
-    infos = service.lab_snapshot(root, name, "list")
+    infos = lab_verb.lab_snapshot(root, name, "list")
     if as_json:
         ui.emit_json(["lab", "snapshot", "list"], [vars(info) for info in infos])
         return

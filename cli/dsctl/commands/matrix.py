@@ -6,24 +6,18 @@ from typing import Annotated
 
 import typer
 
-from dsctl import data, ui
-from dsctl.core.fleet.matrix import INFERRED_STATUS, matrix_rows
+from dsctl import ui
+from dsctl.services.matrix import STATUS_MEANINGS, matrix
 
-STATUS_MEANINGS = {
-    "official": "Huawei's or vllm-ascend's recommended HDK for the CANN, with vllm-ascend's official matrix row",
-    "observed": "the driver/CANN pair was seen working on real hosts",
-    INFERRED_STATUS: "only the version files' compatibility fields vouch for it; verify on hardware",
-}
 COLUMNS = ["", "driver", "firmware", "CANN", "kernels", "vllm-ascend", "torch", "torch-npu", "status", "warnings"]
 
 
 def show(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON result object.")] = False) -> None:
     """List every supported combination from the releases data; * marks the default stack."""
-    releases = data.load("releases")
-    rows = matrix_rows(releases)
+    result = matrix()
+    rows = result.rows
     if as_json:
-        default = {key: releases["default_stack"][key] for key in ("driver", "firmware", "cann", "vllm_ascend")}
-        ui.emit_json(["matrix"], {"default_stack": default, "statuses": STATUS_MEANINGS, "rows": rows})
+        ui.emit_json(["matrix"], result.to_dict())
         return
     ui.print_table(
         "Supported stacks (dsctl/data/releases.yaml)",

@@ -10,7 +10,6 @@ SLO misses left out.
 from __future__ import annotations
 
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -20,9 +19,9 @@ import typer
 
 from dsctl import ui
 from dsctl.cli_options import app_context, bounded
-from dsctl.core.load import limits, probe_metrics, slo_spec
 from dsctl.errors import UsageError
-from dsctl.services.probe import DEFAULT_REQUESTS, ProbeConfig, probe
+from dsctl.services.inputs import IN_FLIGHT, REQUESTS, SECONDS, SEED, SHARE, Bound
+from dsctl.services.probe import DEFAULT_REQUESTS, ProbeConfig, percentile_key, probe, target_and_goodput
 from dsctl.ui_progress import ProbeProgress
 
 
@@ -36,8 +35,8 @@ def parse_time_scale(text: str) -> float | None:
                          "second (1 = real time)") from None
 
 
-_SECONDS = bounded(None, limits.SECONDS_PER_DAY, "seconds")
-_SHARE = bounded(0, 1, "", " (a share)")
+_SECONDS = bounded(SECONDS)
+_SHARE = bounded(SHARE)
 MAX_BURSTINESS = 10_000  # a gamma shape k has a coefficient of variation of 1/sqrt(k): 1 % at 10 000
 
 
@@ -70,7 +69,7 @@ def _f(value: Any, digits: int = 2) -> str:
 
 def _pcts(data: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, column label) of the reported percentiles: ("p99_9", "p99.9")."""
-    return [(probe_metrics.percentile_key(p), f"p{p:g}") for p in data["config"]["percentiles"]]
+    return [(percentile_key(p), f"p{p:g}") for p in data["config"]["percentiles"]]
 
 
 def render(data: dict[str, Any]) -> None:
@@ -189,23 +188,24 @@ def run(
                     ] = None,
     concurrency: Annotated[int | None, typer.Option(
         "--concurrency", help="Alone: a closed loop of C streams. With --rate: a cap on in-flight requests.",
-        callback=bounded(None, limits.MAX_CONCURRENCY, "requests in flight"))] = None,
+        callback=bounded(IN_FLIGHT))] = None,
     arrival: Annotated[str | None, typer.Option(
         "--arrival", help="constant | poisson (default) | gamma | ramp.")] = None,
     burstiness: Annotated[float | None, typer.Option(
         "--burstiness", help="Gamma shape as in vLLM: 1 Poisson, <1 burstier, >1 more regular.",
-        callback=bounded(None, MAX_BURSTINESS, "", " (a gamma shape beyond it is a constant rate: --arrival constant)"))
+        callback=bounded(Bound(None, MAX_BURSTINESS, "",
+                               " (a gamma shape beyond it is a constant rate: --arrival constant)")))
     ] = None,
     ramp_to: Annotated[float | None, typer.Option(
         "--ramp-to", help="Ramp: the rate goes linearly from --rate to this over the duration.",
-        callback=bounded(None, None, "requests per second"))] = None,
+        callback=bounded(Bound(None, None, "requests per second")))] = None,
     requests: Annotated[int | None, typer.Option(
         "--requests", help=f"Measured requests (default {DEFAULT_REQUESTS} unless --duration).",
-        callback=bounded(None, limits.MAX_REQUESTS, "requests of one probe"))] = None,
+        callback=bounded(REQUESTS))] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Stop sending after S seconds.",
                                                    callback=_SECONDS)] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Requests sent first and left out of every metric.",
-                                        callback=bounded(None, limits.MAX_REQUESTS, "requests of one probe"))] = 0,
+                                        callback=bounded(REQUESTS))] = 0,
     prompt_tokens: Annotated[str, typer.Option(
         "--prompt-tokens", help="N, uniform:LO:HI or normal:MEAN:STD: exact by the engine's rule, or by --tokenizer.")
     ] = "512",
@@ -233,7 +233,7 @@ def run(
         "--api-key", envvar="DSCTL_API_KEY", show_envvar=True, show_default=False,
         help="Bearer token for the server (never printed).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for arrivals and prompts.",
-                                      callback=bounded(0, limits.MAX_SEED, "", " (numpy's seed range, as tune)"))] = 0,
+                                      callback=bounded(SEED.but(why=" (numpy's seed range, as tune)")))] = 0,
     ignore_eos: Annotated[bool, typer.Option(
         "--ignore-eos/--no-ignore-eos", help="Ask the server to generate exactly max_tokens (vLLM ignore_eos).")
     ] = True,
@@ -242,7 +242,7 @@ def run(
         "--record", help="Write one JSON line per measured request to this file.")] = None,
     max_error_rate: Annotated[float, typer.Option(
         "--max-error-rate", help="Largest share of failed requests that still counts as a valid run (exit 9 above it).",
-        callback=_SHARE)] = probe_metrics.DEFAULT_MAX_ERROR_RATE,
+        callback=_SHARE)] = ProbeConfig.max_error_rate,  # (its default)
     request_id_header: Annotated[str, typer.Option(
         "--request-id-header", help="Header carrying each request's UUID (none: send no request id).")
     ] = "x-request-id",
@@ -273,24 +273,9 @@ def run(
                              "says (1 for any real server).")] = "auto",
 ) -> None:
     """Load an OpenAI-compatible endpoint and report vllm-bench-serve metrics (TTFT, TPOT, ITL, E2EL, goodput)."""
-    terms = list(goodput or [])
-    urls = []
-    for item in target:
-        key = re.split(r"[:.=]", item, maxsplit=1)[0].lower()
-        if terms and key in slo_spec.METRICS and "//" not in item:
-            terms.append(item)
-        else:
-            urls.append(item)
-    if len(urls) != 1:
-        raise UsageError(f"expected one URL, got {len(urls)}: {' '.join(urls) or '(none)'}")
-    try:
-        stat = probe_metrics.parse_statistic(slo_stat)
-    except ValueError as exc:
-        raise UsageError(f"--slo-stat: {exc}") from None
-    # the one SLO grammar: a term without a statistic (vLLM's ttft:200, or ttft=200ms) binds --slo-stat
-    bounds = slo_spec.parse_slos(terms, "--goodput", default_statistic=stat, required=False)
+    url, bounds, stat = target_and_goodput(target, goodput, slo_stat)
     cfg = ProbeConfig(
-        url=urls[0], endpoint=endpoint, model=model, rate=parse_rate(rate), concurrency=concurrency,
+        url=url, endpoint=endpoint, model=model, rate=parse_rate(rate), concurrency=concurrency,
         arrival=arrival, burstiness=burstiness, ramp_to=ramp_to, requests=requests, duration=duration,
         warmup=warmup, prompt_tokens=prompt_tokens, output_tokens=output_tokens, prompts=prompts,
         shared_prefix=shared_prefix, goodput=bounds, slo_stat=stat, early_stop=early_stop, timeout=timeout,

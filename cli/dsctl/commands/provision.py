@@ -20,9 +20,8 @@ from dsctl.cli_options import (
     bounded,
     report,
     run_playbook_verb,
-    vault_options,
 )
-from dsctl.core.load import limits
+from dsctl.services.inputs import HOSTS, vault_options
 from dsctl.services.provision import ProvisionInputs, ProvisionResult, provision
 
 COLUMNS = ["host", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "changed", "status"]
@@ -36,7 +35,7 @@ def run(
     diff: DiffOption = False,
     tags: Annotated[str | None, typer.Option("--tags", help="Only tasks with these Ansible tags.")] = None,
     forks: Annotated[int | None, typer.Option("--forks", min=1, help="Hosts worked on in parallel.",
-                                                           callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = None,
+                                                           callback=bounded(HOSTS))] = None,
     vault_password_file: VaultFileOption = None,
     ask_vault_pass: AskVaultOption = False,
     verbose: VerboseOption = False,

@@ -17,16 +17,24 @@ from typing import Annotated, Any
 import typer
 
 from dsctl import ui
-from dsctl.adapters import output_paths
-from dsctl.adapters.ansible_run import new_artifacts_dir, runs_dir
-from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, bounded, vault_options
-from dsctl.core.load import limits
-from dsctl.core.tune import capacity, quality
-from dsctl.core.tune.pareto import TrialRecord
+from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, bounded
 from dsctl.errors import UsageError
 from dsctl.services import tune as tune_verb
 from dsctl.services import tune_live
-from dsctl.services.tune_result import TuneResult, capacity_figure
+from dsctl.services.estimate import weight_bytes
+from dsctl.services.inputs import (
+    HOSTS,
+    IN_FLIGHT,
+    INSTANCE_NPUS,
+    REQUESTS,
+    RUN_SECONDS,
+    SEED,
+    SHARE,
+    TOKENS,
+    Bound,
+    vault_options,
+)
+from dsctl.services.tune_result import TrialRecord, TuneResult, capacity_figure
 from dsctl.ui_tune import TuneProgress
 
 TABLE_ROWS = 10
@@ -162,16 +170,16 @@ def run(
                             "the highest rate that held.")] = None,
     budget: Annotated[int | None, typer.Option(
         "--budget", help="Restarts (live; default 16) or evaluations (--simulate; default 20) in the study.",
-        callback=bounded(None, tune_verb.MAX_BUDGET, "evaluations"))] = None,
+        callback=bounded(Bound(None, tune_verb.MAX_BUDGET, "evaluations")))] = None,
     slots: Annotated[int | None, typer.Option(
         "--slots", help="Evaluations at once: --simulate's (default 1); live, at most this many of the service's "
                         "instances are trial slots (default: all).",
-        callback=bounded(1, limits.MAX_CONCURRENCY, "evaluations at once"))] = None,
+        callback=bounded(IN_FLIGHT.but(low=1, what="evaluations at once")))] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the sampler and the requests.",
-                                      callback=bounded(0, limits.MAX_SEED, "", " (numpy's seed range)"))] = 0,
+                                      callback=bounded(SEED))] = 0,
     rate: Annotated[float | None, typer.Option(
         "--rate", help="Request rate (req/s, Poisson); default: search each candidate's highest SLO-holding rate.",
-        callback=bounded(None, None, "requests per second"))] = None,
+        callback=bounded(Bound(None, None, "requests per second")))] = None,
     param: Annotated[list[str] | None, typer.Option(
         "--param", help="Narrow, pin or add a knob: name=lo:hi[:log] or name=a,b,c (repeatable).")] = None,
     prompt_tokens: Annotated[str, typer.Option(
@@ -183,20 +191,20 @@ def run(
                            "SLO's percentile (p99: 1000, p95: 200, p90: 100, mean/median: 50), plus a warm-up at "
                            "the same rate (10 %, at least 10) outside the statistics, and a window of at least "
                            "--window: requests = max(rule, rate x window). A value below the rule is refused.",
-        callback=bounded(None, limits.MAX_REQUESTS, "requests of one probe"))] = None,
+        callback=bounded(REQUESTS))] = None,
     window: Annotated[float | None, typer.Option(
         "--window", help="A probe's least measured window, seconds: --simulate's virtual time (default 300) or, "
                          "live, the engine's modelled time (default 10). Longer windows give steadier capacity "
                          "verdicts and cost proportionally more.",
-        callback=bounded(None, None, "seconds"))] = None,
+        callback=bounded(Bound(None, None, "seconds")))] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Live: requests before each trial's first probe.",
-                                        callback=bounded(0, limits.MAX_REQUESTS, "requests of one probe"))] = 4,
+                                        callback=bounded(REQUESTS.but(low=0)))] = 4,
     min_agreement: Annotated[float, typer.Option(
         "--min-agreement", help="Lossy knobs: the least share of greedy output equal to the baseline's.",
-        callback=bounded(0, 1, "", " (a share of the output)"))] = quality.DEFAULT_MIN_AGREEMENT,
+        callback=bounded(SHARE.but(why=" (a share of the output)")))] = tune_live.LiveTuneInputs.min_agreement,
     max_time: Annotated[float | None, typer.Option(
         "--max-time", help="Live: start no trial after this many seconds.",
-        callback=bounded(None, limits.MAX_RUN_SECONDS, "seconds"))] = None,
+        callback=bounded(RUN_SECONDS))] = None,
     screen: Annotated[str, typer.Option(
         "--screen", help="model: the roofline bound, then dsctl's engine model (no restart for a candidate it "
                          "predicts to fail its start or miss by over 25 %); roofline: the bound only; none: start "
@@ -206,19 +214,19 @@ def run(
                              "inventory (comments kept; checked before the first restart).")] = False,
     npus: Annotated[int | None, typer.Option(
         "--npus", help="--simulate: NPUs of one instance, over all its hosts (default 1; with --nodes N: N x "
-                       "--npus-per-node).", callback=bounded(1, limits.MAX_CHIPS, "NPUs of one instance"))] = None,
+                       "--npus-per-node).", callback=bounded(INSTANCE_NPUS.but(why="")))] = None,
     nodes: Annotated[int, typer.Option(
         "--nodes", help="--simulate: hosts one instance spans (vllm-ascend Multi-Node-DP): the layout (TP per DP rank "
                         "inside a host, DP, expert parallel for MoE models) is searched with the other knobs.",
-        callback=bounded(1, limits.MAX_HOSTS, "hosts"))] = 1,
+        callback=bounded(HOSTS))] = 1,
     npus_per_node: Annotated[int | None, typer.Option(
         "--npus-per-node", help="--simulate with --nodes: NPUs of each host (default: a host's, 8 on an Atlas 800T "
-                                "A2).", callback=bounded(1, limits.MAX_CHIPS, "NPUs of one host"))] = None,
+                                "A2).", callback=bounded(INSTANCE_NPUS.but(what="NPUs of one host", why="")))] = None,
     weights: Annotated[str | None, typer.Option(
         "--weights", help="--simulate: weight format, bf16 (default) or int8 (W8A8), as dsctl estimate.")] = None,
     max_model_len: Annotated[int | None, typer.Option(
         "--max-model-len", help="--simulate: the engine's max_model_len (default: the model's).",
-        callback=bounded(None, limits.MAX_TOKENS, "tokens per request"))] = None,
+        callback=bounded(TOKENS))] = None,
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the study in this run directory (same space, SLOs and objective).")] = None,
     limit: LimitOption = None,
@@ -234,21 +242,14 @@ def run(
     (twice estimate's throughput bound) says "≥ ceiling (not measured above)"."""
     if objective is None:
         objective = "goodput" if rate is not None else "capacity"
-    if resume is not None and not resume.is_dir():
-        raise UsageError(f"--resume {resume}: no such run directory; give the directory an earlier tune printed")
-    # The run directory holds the journal, trials.jsonl and pareto.png: writable before the first trial.
-    if resume is not None:
-        output_paths.check_dir("--resume", resume)
-    else:
-        output_paths.check_dir("run directory ($XDG_STATE_HOME/dsctl/runs)", runs_dir())
+    tune_verb.check_run_dir(resume)
     if simulate:
         if inventory is not None:
             raise UsageError("--simulate reads no inventory: drop INVENTORY, or drop --simulate to tune the fleet")
         if model is None:
             raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
         instance = tune_verb.instance_npus(nodes=nodes, npus=npus, npus_per_node=npus_per_node, chip=chip)
-        if weights is not None and weights.lower() not in tune_verb.WEIGHT_FORMATS:
-            raise UsageError(f"--weights: unknown format {weights!r}; known: {', '.join(tune_verb.WEIGHT_FORMATS)}")
+        bytes_per_parameter = weight_bytes(weights or "bf16")
         if engine is None:
             engine = "vllm-ascend" if nodes > 1 else "lab-engine"
         inputs = tune_verb.TuneInputs(
@@ -257,10 +258,10 @@ def run(
             seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
             requests=requests, rate=rate, params=tuple(param or ()),
             npus_per_instance=instance, max_model_len=max_model_len, resume=resume is not None, screen=screen,
-            nodes=nodes, window_s=capacity.SIM_WINDOW_S if window is None else window,
-            weight_bytes=tune_verb.WEIGHT_FORMATS[(weights or "bf16").lower()])
+            nodes=nodes, window_s=tune_verb.TuneInputs.window_s if window is None else window,  # (its default)
+            weight_bytes=bytes_per_parameter)
         tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
-        run_dir = resume if resume is not None else new_artifacts_dir("tune")
+        run_dir = tune_verb.new_run_dir(resume)
         result: TuneResult = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
                                     progress=_progress)
     else:
@@ -280,12 +281,13 @@ def run(
             inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
             objective=objective, budget=16 if budget is None else budget, seed=seed, prompt_tokens=prompt_tokens,
             output_tokens=output_tokens, requests=requests, rate=rate,
-            window_s=capacity.LIVE_WINDOW_S if window is None else window, params=tuple(param or ()),
+            window_s=tune_live.LiveTuneInputs.window_s if window is None else window,  # (its default)
+            params=tuple(param or ()),
             min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
             limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time,
             screen=screen, max_slots=slots)
         tune_live.prepare(live)  # bad options and impossible SLOs refused before a run directory is made
-        run_dir = resume if resume is not None else new_artifacts_dir("tune")
+        run_dir = tune_verb.new_run_dir(resume)
         context = app_context(ctx)
         with TuneProgress() as progress:
             result = tune_live.run(context.runner, context.prober,

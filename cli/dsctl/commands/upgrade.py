@@ -19,11 +19,9 @@ from dsctl.cli_options import (
     app_context,
     bounded,
     report,
-    vault_options,
 )
-from dsctl.core.load import limits
-from dsctl.core.upgrade import gate
-from dsctl.services.upgrade import GateWorkload, UpgradeInputs, UpgradeResult, upgrade
+from dsctl.services.inputs import HOSTS, IN_FLIGHT, REQUESTS, vault_options
+from dsctl.services.upgrade import GateWorkload, UpgradeInputs, UpgradeResult, parse_slos, upgrade
 from dsctl.ui_progress import PlaybookProgress
 
 COLUMNS = ["batch", "host", "from", "to", "probe (gate vs baseline)", "status"]
@@ -60,12 +58,12 @@ def run(
     batch: Annotated[str, typer.Option("--batch", help="Hosts per batch: N, or P% of the fleet.")] = "1",
     canary: Annotated[int | None, typer.Option("--canary", min=0, help="Hosts of the first batch (default: one "
                                                                        "batch).",
-                                                    callback=bounded(0, limits.MAX_HOSTS, "hosts"))] = None,
+                                                    callback=bounded(HOSTS.but(low=0)))] = None,
     max_regression: Annotated[str, typer.Option("--max-regression", help="Allowed probe regression against the "
                                                                           "baseline, e.g. ttft=10%,throughput=5%,"
                                                                           "ttft:p90=15% (latencies: the median "
                                                                           "unless a statistic is named).")]
-    = gate.DEFAULT,
+    = UpgradeInputs.max_regression,  # (its default)
     slo: Annotated[str | None, typer.Option("--slo", help="Absolute bounds the gate probe must also meet, in tune's "
                                                          "grammar: ttft=500ms (p99), e2el:p90=4s, vLLM's ttft:500.")]
     = None,
@@ -75,11 +73,9 @@ def run(
                                                               "previous stack.")] = False,
     probe_requests: Annotated[int, typer.Option("--probe-requests", min=1, help="Requests of each instance's "
                                                                                 "baseline and gate probe.",
-                                                            callback=bounded(1, limits.MAX_REQUESTS,
-                                                                             "requests of one probe"))] = 24,
+                                                            callback=bounded(REQUESTS.but(low=1)))] = 24,
     probe_concurrency: Annotated[int, typer.Option("--probe-concurrency", min=1, help="Streams of that probe.",
-                                                               callback=bounded(1, limits.MAX_CONCURRENCY,
-                                                                                "requests in flight"))] = 4,
+                                                               callback=bounded(IN_FLIGHT.but(low=1)))] = 4,
     probe_prompt_tokens: Annotated[str, typer.Option("--probe-prompt-tokens", help="Prompt length of that probe.")]
     = "128",
     probe_output_tokens: Annotated[str, typer.Option("--probe-output-tokens", help="Output length of that probe.")]
@@ -93,7 +89,7 @@ def run(
     gate, undrain; a failed batch is rolled back to its previous stack and the rollout halts."""
     inputs = UpgradeInputs(
         inventory=inventory, cann=cann, driver=driver, firmware=firmware, vllm_ascend=vllm_ascend, batch=batch,
-        canary=canary, max_regression=max_regression, slos=gate.parse_slos(slo), check=check, resume=resume,
+        canary=canary, max_regression=max_regression, slos=parse_slos(slo), check=check, resume=resume,
         rollback=rollback,
         workload=GateWorkload(requests=probe_requests, concurrency=probe_concurrency,
                               prompt_tokens=probe_prompt_tokens, output_tokens=probe_output_tokens),

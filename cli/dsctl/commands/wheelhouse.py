@@ -8,33 +8,15 @@ from typing import Annotated
 
 import typer
 
-from dsctl import data, ui
-from dsctl.adapters.inventory import VaultOptions
-from dsctl.cli_options import AskVaultOption, JsonOption, VaultFileOption, bounded, vault_options
-from dsctl.core.fleet.matrix import release_pins
-from dsctl.core.load import limits
+from dsctl import ui
+from dsctl.cli_options import AskVaultOption, JsonOption, VaultFileOption, bounded
 from dsctl.errors import UsageError
-from dsctl.services import fleet
-from dsctl.services.wheelhouse import DEFAULT_TIMEOUT, WheelhouseRequest, build
+from dsctl.services.inputs import SECONDS, vault_options
+from dsctl.services.wheelhouse import DEFAULT_TIMEOUT, WheelhouseRequest, build, pin_sets
 
 app = typer.Typer(help="Serving-stack wheelhouses: every wheel of a matrix row's closure, with hash locks.",
                   no_args_is_help=True)
 COLUMNS = ["lock", "arch", "python", "distributions"]
-
-
-def _stacks(inventory: Path | None, release: str | None, vault: VaultOptions | None = None
-            ) -> tuple[tuple[dict[str, str], str | None], ...]:
-    """The pin sets to lock, each with its matrix row's Python specifier."""
-    if (inventory is None) == (release is None):
-        raise UsageError("INVENTORY or --release: give exactly one (the hosts' rows, or one vllm-ascend tag)")
-    if release is not None:
-        return (release_pins(data.load("releases"), release),)
-    settings = fleet.load_fleet(inventory, vault=vault).settings
-    stacks: dict[tuple, tuple[dict[str, str], str | None]] = {}
-    for host in settings.values():
-        if host.stack is not None and host.stack.pip_pins:
-            stacks[tuple(sorted(host.stack.pip_pins.items()))] = (dict(host.stack.pip_pins), host.stack.python)
-    return tuple(stacks[key] for key in sorted(stacks))
 
 
 def _out_dir(text: str) -> Path:
@@ -62,7 +44,7 @@ def build_cmd(
                                                      "(repeatable); default 3.11.")] = None,
     timeout: Annotated[float, typer.Option(
         "--timeout", help="Seconds each pip resolve may take.",
-        callback=bounded(None, limits.SECONDS_PER_DAY, "seconds"))] = DEFAULT_TIMEOUT,
+        callback=bounded(SECONDS))] = DEFAULT_TIMEOUT,
     vault_password_file: VaultFileOption = None,
     ask_vault_pass: AskVaultOption = False,
     as_json: JsonOption = False,
@@ -71,7 +53,7 @@ def build_cmd(
     lock per row, arch and Python (lock-vllm-ascend-<ver>-<digest>-<arch>-py<X.Y>.txt) and SHA256SUMS."""
     vault = vault_options(vault_password_file, ask_vault_pass)
     out_dir = _out_dir(out)
-    stacks = _stacks(inventory, release, vault)
+    stacks = pin_sets(inventory, release, vault)
     request = WheelhouseRequest(
         stacks=tuple(pins for pins, _ in stacks), arches=tuple(arch or [platform.machine()]),
         pythons=tuple(python or ["3.11"]), out=out_dir, index_url=index_url, find_links=tuple(find_links or ()),

@@ -29,7 +29,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from dsctl.engine.text import count_tokens, prompt_key
+from dsctl.core.load.tokens import count_tokens
+from dsctl.engine.text import prompt_key
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM's CompletionRequest default
 CHAT_TEMPLATE_TOKENS_PER_MESSAGE = 1  # role marker

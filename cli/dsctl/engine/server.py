@@ -52,11 +52,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsctl.core.load.tokens import block_hashes, token_units
 from dsctl.core.perf.engine_sched import OutOfMemory, Request, Scheduler
 from dsctl.engine import cluster as cluster_mod
 from dsctl.engine import openai
 from dsctl.engine.metrics import EngineMetrics
-from dsctl.engine.text import SyntheticText, block_hashes, token_units
+from dsctl.engine.text import SyntheticText
 
 logger = logging.getLogger("dsctl.engine")
 

@@ -11,10 +11,10 @@ from typing import Any
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import audit
+from dsctl.core.inventory import host_plan
 from dsctl.core.network import hccn_state, npu_check
 from dsctl.core.network.npu_check import InstanceUse, PeerPing
 from dsctl.errors import ExitStatus
-from dsctl.services import host_plan
 from dsctl.services.fleet import Fleet, check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import REPORT_FACT, failure_lines
@@ -65,7 +65,7 @@ def env_states(env: list[dict[str, Any]], findings: list[dict[str, Any]]) -> lis
 
 def _instances_to_inspect(fleet: Fleet) -> dict[str, list[dict[str, Any]]]:
     """Per host, the declared instances whose processes the audit reads (unit and service manager)."""
-    from dsctl.services.deploy_plan import plan_deploy
+    from dsctl.core.inventory.deploy_plan import plan_deploy
 
     plan = plan_deploy(fleet.settings, {host: fleet.address(host) for host in fleet.settings})
     found: dict[str, list[dict[str, Any]]] = {}

@@ -10,8 +10,8 @@ from typing import Any
 
 from dsctl.core.fleet import readiness
 from dsctl.core.hostfacts import readyprobe
+from dsctl.core.inventory import host_plan
 from dsctl.errors import ExitStatus
-from dsctl.services import host_plan
 from dsctl.services.check import CheckInputs, CheckResult, exit_status_of
 from dsctl.services.fleet import load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress

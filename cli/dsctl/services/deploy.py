@@ -17,11 +17,11 @@ from typing import Any
 
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.inventory import deploy_plan, host_plan
+from dsctl.core.inventory.deploy_plan import DeployPlan, plan_deploy
 from dsctl.core.serving import service_render
 from dsctl.core.serving.multinode import MultiNodeError
 from dsctl.errors import DsctlError, ExitStatus
-from dsctl.services import deploy_plan, host_plan
-from dsctl.services.deploy_plan import DeployPlan, plan_deploy
 from dsctl.services.fleet import check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import failure_lines, hosts_to_rerun

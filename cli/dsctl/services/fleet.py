@@ -9,13 +9,13 @@ from typing import Any
 
 from dsctl.adapters import inventory as inventory_adapter
 from dsctl.adapters.inventory import VaultOptions
-from dsctl.core.fleet import inventory_schema
-from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.inventory import host_plan
+from dsctl.core.inventory import schema as inventory_schema
+from dsctl.core.inventory.schema import HostSettings
 from dsctl.core.load import limits
 from dsctl.core.network.hccn_plan import NetworkPlan
 from dsctl.core.serving import gateway
 from dsctl.errors import UsageError
-from dsctl.services import host_plan
 
 
 @dataclass(frozen=True)

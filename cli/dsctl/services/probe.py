@@ -30,7 +30,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,8 @@ from dsctl.adapters import output_paths, sweep_plot
 from dsctl.adapters.ansible_run import new_artifacts_dir
 from dsctl.adapters.probe_client import Load, Preflight, RunResult, Target, Timeouts, header_value_problem
 from dsctl.adapters.tokenizer import LocalTokenizer
-from dsctl.core.load import arrivals, dataset, generator_limit, limits, probe_metrics, prompt_lengths, sweep
-from dsctl.core.load.probe_metrics import GOODPUT_METRICS, RequestRecord, SloWatch
+from dsctl.core.load import arrivals, dataset, generator_limit, limits, probe_metrics, prompt_lengths, slo_spec, sweep
+from dsctl.core.load.probe_metrics import GOODPUT_METRICS, RequestRecord, SloWatch, percentile_key
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import ENDPOINTS, LengthSpec, Workload, encode_body, engine_tokens, request_body
 from dsctl.errors import DsctlError, ExitStatus, UsageError
@@ -157,6 +157,28 @@ def read_dataset(path: Path, count: Callable[[str], int], what: str = "--dataset
         return dataset.parse(text, f"{what} {path}", count, sharegpt=sharegpt)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def target_and_goodput(target: Sequence[str], goodput: Sequence[str] | None, slo_stat: str
+                       ) -> tuple[str, tuple[Slo, ...], str]:
+    """The command line's URL, its ``--goodput`` bounds and the ``--slo-stat`` they bind: terms such as ``tpot:50``
+    after ``--goodput ttft:200`` are more goodput terms, as vLLM allows, not URLs.  UsageError, one line."""
+    terms = list(goodput or [])
+    urls = []
+    for item in target:
+        key = re.split(r"[:.=]", item, maxsplit=1)[0].lower()
+        if terms and key in slo_spec.METRICS and "//" not in item:
+            terms.append(item)
+        else:
+            urls.append(item)
+    if len(urls) != 1:
+        raise UsageError(f"expected one URL, got {len(urls)}: {' '.join(urls) or '(none)'}")
+    try:
+        stat = probe_metrics.parse_statistic(slo_stat)
+    except ValueError as exc:
+        raise UsageError(f"--slo-stat: {exc}") from None
+    # the one SLO grammar: a term without a statistic (vLLM's ttft:200, or ttft=200ms) binds --slo-stat
+    return urls[0], slo_spec.parse_slos(terms, "--goodput", default_statistic=stat, required=False), stat
 
 
 def goodput_bounds(slos: tuple[Slo, ...]) -> tuple[dict[str, float], dict[str, str]]:
@@ -742,7 +764,7 @@ def run_sweep(prober: Prober, cfg: ProbeConfig, progress: ProgressSink = no_prog
     for i, (level, level_cfg, plan) in enumerate(plans, 1):
         progress({"event": "dsctl_note", "msg": f"sweep level {i}/{len(plans)}: {spec.kind} {level:g}"})
         results.append(_run(prober, level_cfg, plan, progress, tokenizer_check=i == 1))  # once per sweep
-    keys = [probe_metrics.percentile_key(p) for p in plans[0][2].percentiles]
+    keys = [percentile_key(p) for p in plans[0][2].percentiles]
     rows = []
     for (level, _, _), outcome in zip(plans, results, strict=True):
         row = sweep.row(level, spec.kind, outcome.data["metrics"], keys)

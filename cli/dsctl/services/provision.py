@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsctl.adapters import upgrade_state
 from dsctl.adapters.ansible_run import PlaybookRun
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.inventory import host_plan
+from dsctl.core.upgrade.state import unfinished_upgrade
 from dsctl.errors import ExitStatus, UsageError
-from dsctl.services import host_plan
 from dsctl.services.fleet import Fleet, check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import REPORT_FACT, failure_lines, hosts_to_rerun, versions_summary
@@ -91,9 +93,8 @@ def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: Progres
               ) -> ProvisionResult:
     fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
     if inputs.upgrade_guard and not inputs.check:
-        from dsctl.services.upgrade import unfinished_upgrade
-
-        refusal = unfinished_upgrade(inputs.inventory)
+        path = upgrade_state.fleet_state_path(inputs.inventory)
+        refusal = unfinished_upgrade(upgrade_state.read_if_any(path), str(path), inputs.inventory)
         if refusal:
             raise UsageError(refusal)
     extra: dict[str, Any] = {host_plan.PLAN_VAR: fleet.plan()}

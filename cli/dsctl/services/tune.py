@@ -45,10 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsctl.adapters import output_paths
+from dsctl.adapters.ansible_run import new_artifacts_dir, runs_dir
 from dsctl.core.load import arrivals, limits
 from dsctl.core.load.workload import LengthSpec, Workload
 from dsctl.core.perf import engine_config, evaluate, perfmodel
 from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
+from dsctl.core.perf.estimate import WEIGHT_FORMATS
 from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
@@ -74,7 +77,6 @@ MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.05, 256.0, 1.0, 
 _MODELLED = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {
     "model", "chip", "mode", "weight_bytes", "alloc_conf", "visible_npus", "nodes"}
 # --weights: bytes per parameter, as dsctl estimate takes them (W8A8 checkpoints: int8)
-WEIGHT_FORMATS = {"bf16": 2.0, "int8": 1.0}
 WEIGHTS_NAMES = {value: name for name, value in WEIGHT_FORMATS.items()}
 DEFAULT_NPUS_PER_HOST = 8  # an Atlas 800T A2; a chip profile's npus_per_host when it has one
 
@@ -520,6 +522,23 @@ def agreement(config: EngineConfig) -> float:
 
 def _status(record: TrialRecord) -> str:
     return "feasible" if record.feasible else (record.failure or "running")
+
+
+def check_run_dir(resume: Path | None) -> None:
+    """The run directory of a tune, simulated or live (``resume``: an earlier one to continue, else a new one under
+    $XDG_STATE_HOME/dsctl/runs): it holds the journal, trials.jsonl and pareto.png, so it must be writable before the
+    first trial.  UsageError naming the option."""
+    if resume is not None and not resume.is_dir():
+        raise UsageError(f"--resume {resume}: no such run directory; give the directory an earlier tune printed")
+    if resume is not None:
+        output_paths.check_dir("--resume", resume)
+    else:
+        output_paths.check_dir("run directory ($XDG_STATE_HOME/dsctl/runs)", runs_dir())
+
+
+def new_run_dir(resume: Path | None) -> Path:
+    """``resume``, or a new run directory (once the inputs are checked: `prepare`)."""
+    return resume if resume is not None else new_artifacts_dir("tune")
 
 
 def prepare(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:

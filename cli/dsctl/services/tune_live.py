@@ -51,6 +51,7 @@ from typing import Any
 from dsctl.adapters import completions, writeback
 from dsctl.adapters.ansible_run import PlaybookError
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.core.inventory.deploy_plan import PlannedInstance, plan_deploy
 from dsctl.core.load import generator_limit
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.perf import perfmodel
@@ -63,7 +64,6 @@ from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import deploy as deploy_verb
 from dsctl.services import probe as probe_verb
 from dsctl.services import tune as tune_sim
-from dsctl.services.deploy_plan import PlannedInstance, plan_deploy
 from dsctl.services.fleet import load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
 from dsctl.services.tune import config_text

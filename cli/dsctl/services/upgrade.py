@@ -7,7 +7,8 @@ stack); the plan is made (dsctl.core.upgrade.plan: targets checked against the m
 source's SHA256SUMS, the previous HDK packages present when the HDK changes, disk for a side-by-side CANN); every
 instance to be upgraded gets a baseline probe.
 
-Per batch, the hosts moving together (dsctl.core.upgrade.state records each step in ``state.json``):
+Per batch, the hosts moving together (dsctl.core.upgrade.state records each step in ``state.json``, which
+dsctl.adapters.upgrade_state keeps):
 
     drain (gateway.yml: out of the gateway, in-flight requests finished)
     -> provision limited to the batch with the target versions (playbooks/provision.yml installs the new CANN next
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -43,17 +43,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dsctl import data
-from dsctl.adapters import ansible_run, inventory_versions, state_files
 from dsctl.adapters import gateway as gateway_adapter
+from dsctl.adapters import inventory_versions, upgrade_state
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
 from dsctl.core.fleet.versions import same_version
+from dsctl.core.inventory import host_plan
+from dsctl.core.inventory.deploy_plan import PlannedInstance
 from dsctl.core.load import limits
 from dsctl.core.load.slo_spec import Slo
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.serving.multinode import MultiNodeError
 from dsctl.core.serving.service import Instance
 from dsctl.core.upgrade import gate
+from dsctl.core.upgrade.gate import parse_slos
 from dsctl.core.upgrade.plan import (
     VARIABLES,
     BatchSize,
@@ -63,19 +66,15 @@ from dsctl.core.upgrade.plan import (
     current_versions,
     plan_upgrade,
 )
-from dsctl.core.upgrade.state import DONE, ROLLED_BACK, STAGES, StateError, UpgradeState
+from dsctl.core.upgrade.state import DONE, ROLLED_BACK, STAGES, STATE_FILE, StateError, UpgradeState
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import check as check_verb
 from dsctl.services import deploy as deploy_verb
-from dsctl.services import host_plan
 from dsctl.services import provision as provision_verb
-from dsctl.services.deploy_plan import PlannedInstance
 from dsctl.services.fleet import Fleet, load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
 from dsctl.services.probe import ProbeConfig, probe
 
-STATE_FILE = "state.json"
-LOCK_FILE = "state.lock"  # flock()ed while an upgrade of the fleet runs (adapters/state_files)
 GATE_WARMUP = 2
 HEALTHY_STATUSES = ("ok", "warning", "error")  # "error" may be version drift the upgrade is about; judged below
 SICK_COMPONENTS = ("npu", "system")  # error findings there mean the host is not fit to be upgraded
@@ -128,7 +127,7 @@ class UpgradeInputs:
     batch: str = "1"
     canary: int | None = None
     max_regression: str = gate.DEFAULT
-    slos: tuple[Slo, ...] = ()  # --slo: absolute bounds on the gate probe (gate.parse_slos)
+    slos: tuple[Slo, ...] = ()  # --slo: absolute bounds on the gate probe (parse_slos)
     check: bool = False
     resume: bool = False
     rollback: bool = False
@@ -171,56 +170,17 @@ class UpgradeInputs:
         return Versions(driver=self.driver, firmware=self.firmware, cann=self.cann, vllm_ascend=self.vllm_ascend)
 
     def state_path(self) -> Path:
-        """The fleet's state file, keyed by `fleet_key`: one fleet, one state, however its inventory is spelt."""
+        """The fleet's state file, keyed by `upgrade_state.fleet_key`: one fleet, one state, however its inventory
+        is spelt."""
         if self.state_dir is not None:
             return self.state_dir / STATE_FILE
-        return _state_path(fleet_key(self.inventory))
+        return upgrade_state.fleet_state_path(self.inventory)
 
     def legacy_state_path(self) -> Path:
         """Where dsctl before issue 19 kept it (the path as given, made absolute), still read if present."""
         if self.state_dir is not None:
             return self.state_dir / STATE_FILE
-        return _state_path(Path(self.inventory).expanduser().absolute())
-
-
-# Files Ansible skips in a directory inventory (its INVENTORY_IGNORE_EXTS default).
-_IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry")
-
-
-def fleet_key(inventory: Path) -> Path:
-    """The path that names a fleet: the inventory resolved (symlinks, ``..``, relative spellings), and a directory
-    inventory holding a single inventory file keyed as that file, since Ansible reads the same hosts and
-    group_vars either way.  Without it ``inv`` and ``inv/../inv`` were two upgrades, each blind to the other's
-    unfinished state."""
-    real = Path(os.path.realpath(Path(inventory).expanduser()))
-    if real.is_dir():
-        sources = [entry for entry in real.iterdir() if entry.is_file() and not entry.name.startswith(".")
-                   and not entry.name.endswith(_IGNORED_SUFFIXES)]
-        if len(sources) == 1:
-            return sources[0]
-    return real
-
-
-def unfinished_upgrade(inventory: Path) -> str | None:
-    """The line refusing a provision of a fleet whose upgrade is half done (some hosts on the new stack, the
-    inventory not yet naming it): provision would move those hosts back.  None when there is none."""
-    path = _state_path(fleet_key(inventory))
-    if not path.is_file():
-        return None
-    try:
-        state = UpgradeState.from_json(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, StateError):
-        return None  # dsctl upgrade itself reports a broken state file
-    if state.finished() or all(run.stage in ("pending", ROLLED_BACK) for run in state.hosts.values()):
-        return None
-    moved = sorted(host for host, run in state.hosts.items() if run.stage not in ("pending", ROLLED_BACK))
-    return (f"an upgrade of this inventory is unfinished ({', '.join(moved)} on its new stack; {path}): finish it "
-            f"with dsctl upgrade {inventory} --resume or undo it with --rollback before provisioning")
-
-
-def _state_path(inventory: Path) -> Path:
-    key = hashlib.sha256(str(inventory).encode()).hexdigest()[:8]
-    return ansible_run.runs_dir().parent / "upgrades" / f"{inventory.stem}-{key}" / STATE_FILE
+        return upgrade_state.state_path(Path(self.inventory).expanduser().absolute())
 
 
 @dataclass(frozen=True)
@@ -281,7 +241,7 @@ class _Run:
         self.progress, self.fleet, self.state = progress, fleet, state
         self.path = path
         self.limits = gate.parse_max_regression(state.max_regression)
-        self.slos = gate.parse_slos(state.slo)
+        self.slos = parse_slos(state.slo)
         self.instances = _instances(fleet)
         self.started = time.monotonic()
         self.batch_index = 0
@@ -289,8 +249,7 @@ class _Run:
     # ---------------------------------------------------------------- plumbing
 
     def save(self) -> None:
-        # Atomic and durable: an interrupted write or a power cut leaves the old state or the new one.
-        state_files.write_durably(self.path, self.state.to_json())
+        upgrade_state.write(self.path, self.state)
 
     def say(self, hosts: Sequence[str] | None, stage: str, msg: str) -> None:
         batches = len(self.state.batches)
@@ -474,7 +433,7 @@ def _raise_for(status: ExitStatus, errors: Sequence[str], hosts: Sequence[str], 
 
 
 def _instances(fleet: Fleet) -> dict[str, list[PlannedInstance]]:
-    from dsctl.services.deploy_plan import plan_deploy
+    from dsctl.core.inventory.deploy_plan import plan_deploy
 
     addresses = {host: fleet.address(host) for host in fleet.settings}
     plan = plan_deploy(fleet.settings, addresses)
@@ -648,7 +607,7 @@ def _rows(state: UpgradeState, plan: UpgradePlan | None = None) -> tuple[Upgrade
 def _load_state(path: Path) -> UpgradeState:
     if not path.is_file():
         raise UsageError(f"--resume/--rollback: no upgrade state at {path}; run dsctl upgrade without them first")
-    return UpgradeState.from_json(path.read_text(encoding="utf-8"), str(path))
+    return upgrade_state.read(path)
 
 
 def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progress: ProgressSink = no_progress,
@@ -663,7 +622,7 @@ def upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, progr
     if inputs.check:  # reads the fleet, writes no state: it may run beside an upgrade
         return _upgrade(runner, prober, inputs, progress, gateway, fleet, path)
     # One upgrade of a fleet at a time: a second would read a state the first is rewriting and act on the same hosts.
-    with state_files.exclusive(path.with_name(LOCK_FILE), f"an upgrade of {inputs.inventory}"):
+    with upgrade_state.locked(path, f"an upgrade of {inputs.inventory}"):
         return _upgrade(runner, prober, inputs, progress, gateway, fleet, path)
 
 
@@ -704,9 +663,7 @@ def _upgrade(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, prog
         edit = inventory_versions.plan_edit(inputs.inventory, list(fleet.settings), _changes(inputs)) \
             if _changes(inputs) else None
         if path.is_file() and not inputs.check:
-            previous = UpgradeState.from_json(path.read_text(encoding="utf-8"), str(path))
-            if not previous.finished() and not all(r.stage in ("pending", ROLLED_BACK)
-                                                   for r in previous.hosts.values()):
+            if upgrade_state.read(path).unfinished():
                 raise UsageError(f"an upgrade of this inventory is unfinished ({path}); continue it with --resume or "
                                  "undo it with --rollback")
         plan, problems, baseline = preflight(runner, prober, inputs, fleet, progress)

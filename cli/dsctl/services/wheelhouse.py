@@ -26,10 +26,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
+from dsctl import data
 from dsctl.adapters import output_paths, pip_download
+from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums, wheel_lock
+from dsctl.core.fleet.matrix import release_pins
 from dsctl.core.load import limits
 from dsctl.errors import DsctlError, ExitStatus, UsageError
+from dsctl.services.fleet import load_fleet
 
 SUMS_FILE = "SHA256SUMS"
 # The platform tags pip may choose for a Linux server of ``arch``: torch publishes manylinux_2_28 wheels,
@@ -37,6 +41,21 @@ SUMS_FILE = "SHA256SUMS"
 # linux_<arch>; pure wheels (py3-none-any) fit every platform.
 PLATFORM_TAGS = ("manylinux_2_28_{arch}", "manylinux_2_17_{arch}", "manylinux2014_{arch}", "linux_{arch}")
 DEFAULT_TIMEOUT = 900.0
+
+
+def pin_sets(inventory: Path | None, release: str | None, vault: VaultOptions | None = None
+            ) -> tuple[tuple[dict[str, str], str | None], ...]:
+    """The pin sets to lock, each with its matrix row's Python specifier."""
+    if (inventory is None) == (release is None):
+        raise UsageError("INVENTORY or --release: give exactly one (the hosts' rows, or one vllm-ascend tag)")
+    if release is not None:
+        return (release_pins(data.load("releases"), release),)
+    settings = load_fleet(inventory, vault=vault).settings
+    stacks: dict[tuple, tuple[dict[str, str], str | None]] = {}
+    for host in settings.values():
+        if host.stack is not None and host.stack.pip_pins:
+            stacks[tuple(sorted(host.stack.pip_pins.items()))] = (dict(host.stack.pip_pins), host.stack.python)
+    return tuple(stacks[key] for key in sorted(stacks))
 
 
 @dataclass(frozen=True)

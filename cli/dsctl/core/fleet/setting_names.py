@@ -1,7 +1,7 @@
 """Variables whose name is a mistyped dsctl setting (pure, standard library only: the inventory reader's child
 process runs it on every variable of every host without importing the schema).
 
-dsctl reads only ``dsctl_*`` variables, and refuses an unknown one with a "did you mean" (inventory_schema).  A
+dsctl reads only ``dsctl_*`` variables, and refuses an unknown one with a "did you mean" (core/inventory/schema).  A
 mistyped prefix (``dsctl-serving_venv``, ``dsct_serving_venv``, ``DSCTL_npu_count``) would not even be read: the
 default would be used in silence.  A variable is taken for a mistyped setting when its name, lower-cased and with
 ``-`` as ``_``, is a setting's, or is at most two edits from one (the prefix included), or is a setting's name

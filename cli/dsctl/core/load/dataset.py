@@ -12,7 +12,7 @@ Formats:
   token count. Entries without such a pair are skipped (and counted).
 
 Token counts (a prompt's, an answer's) use the ``count`` function given: the probe's ``--tokenizer`` when there is
-one, else the lab engine's own rule (`dsctl.engine.text.count_tokens`), so the planned lengths are the engine's.
+one, else the lab engine's own rule (`dsctl.core.load.tokens.count_tokens`), so the planned lengths are the engine's.
 
 Bounds: a dataset holds at most ``MAX_ENTRIES`` entries and the file at most ``MAX_BYTES`` (the caller checks the
 size before reading); the probe cycles through the entries, so more would add nothing but memory.

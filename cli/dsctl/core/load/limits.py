@@ -9,7 +9,7 @@ once (vLLM's max_num_seqs is 256 by default) and more than the file descriptors 
 
 `number` is the one rule for a number from the command line or the SLO grammar: finite (no nan, no inf -- and a
 400-digit number, which Python's float() reads as inf, is one), at least its lower and at most its upper bound.
-`check` is its upper half. Typer options go through it with `dsctl.cli_options.bounded`.
+`check` is its upper half. Typer options go through it with `dsctl.services.inputs.Bound` (`dsctl.cli_options.bounded`).
 """
 
 from __future__ import annotations

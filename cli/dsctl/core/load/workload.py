@@ -4,7 +4,7 @@ Lengths: ``512`` (fixed), ``uniform:256:1024`` (integers, both ends included), `
 rounded and clipped to [1, mean + 4 std]).
 
 Synthetic prompts of exactly N tokens: each word is drawn from a list of short, common lower-case English words of
-at most 8 letters. Under the lab engine's token rule (`dsctl.engine.text.count_tokens`: one token per word and
+at most 8 letters. Under the lab engine's token rule (`dsctl.core.load.tokens.count_tokens`: one token per word and
 punctuation mark, a word longer than 8 characters one per started 8) each is one token, so a prompt of N words is
 exactly N tokens there; BPE tokenizers (Qwen, DeepSeek, Llama) also encode nearly all of them as one token with
 their leading space. With a tokenizer (``counter``, `dsctl probe --tokenizer`) the prompt is fitted to exactly N
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.core.load import dataset, limits
-from dsctl.engine.text import count_tokens
+from dsctl.core.load.tokens import count_tokens
 
 Counter = Callable[[str], int]  # tokens of a text
 

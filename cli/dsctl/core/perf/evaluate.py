@@ -65,7 +65,7 @@ _PLANNED: weakref.WeakKeyDictionary[Workload, dict[tuple[int, int, bool], tuple[
 def planned_requests(workload: Workload, schedule: list[float], block_size: int, prefix_caching: bool
                      ) -> list[Request]:
     """The engine-side requests the probe's workload sends at ``schedule`` (prompt tokens as the engine counts)."""
-    from dsctl.engine.text import block_hashes, count_tokens, token_units
+    from dsctl.core.load.tokens import block_hashes, count_tokens, token_units
 
     try:
         known = _PLANNED.setdefault(workload, {})

@@ -1,7 +1,7 @@
 """The port table of one host of the fleet: sshd, its instances and the multi-host heads it runs (pure).
 
 `host_table` fills a `dsctl.core.serving.port_table.PortTable` with every port the host will listen on, so
-`dsctl.core.fleet.inventory_schema.validate_fleet` refuses two users of one port, and the gateway
+`dsctl.core.inventory.schema.validate_fleet` refuses two users of one port, and the gateway
 (`dsctl.core.serving.gateway`) adds its own ports to the same table when it runs on a host of the fleet.
 """
 

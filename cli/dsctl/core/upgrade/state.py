@@ -8,26 +8,36 @@ and on a failure at any of them:
 
     ... -> rolling-back -> rolled-back   (switched back to the previous stack, restarted, verified, undrained)
 
-The file is rewritten after every step (services/upgrade.py writes it atomically), so
+The file is rewritten after every step (dsctl.adapters.upgrade_state writes it atomically), so
 
 * ``--resume`` finds the first batch not finished and re-enters each host at the stage after the one it
   reached (every step is idempotent: provision and deploy converge, drain and undrain are set operations); hosts
   of a batch that was rolled back are upgraded again from the start;
 * ``--rollback`` knows what to undo: a host that got past ``drained`` is switched back, every touched host ends
   undrained on its previous stack; hosts never reached are left alone.
+
+One fleet, one state: the file is keyed by the inventory resolved (`inventory_source`, `state_dir_name`), so every
+spelling of an inventory finds the same upgrade, and `unfinished_upgrade` is the refusal a provision of a fleet
+half-way through an upgrade gets.  Where the file lives and how it is read and written: dsctl.adapters.upgrade_state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path, PurePath
 from typing import Any
 
 from dsctl.core.upgrade.plan import UpgradePlan, Versions
 from dsctl.errors import DsctlError
 
 STATE_VERSION = 1
+STATE_FILE = "state.json"
+LOCK_FILE = "state.lock"  # flock()ed while an upgrade of the fleet runs (adapters/state_files)
+# Files Ansible skips in a directory inventory (its INVENTORY_IGNORE_EXTS default).
+IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry")
 STAGES = ("pending", "drained", "installed", "switched", "restarted", "gated", "undrained")
 ROLLING_BACK, ROLLED_BACK = "rolling-back", "rolled-back"
 DONE = "undrained"
@@ -229,8 +239,43 @@ class UpgradeState:
         """Hosts --rollback must return to their previous stack: touched and not already rolled back."""
         return [run for run in self.hosts.values() if run.touched and run.stage != ROLLED_BACK]
 
+    def moved(self) -> list[str]:
+        """The hosts an unfinished upgrade left off their previous stack (neither pending nor rolled back), sorted;
+        none once every host is upgraded."""
+        if self.finished():
+            return []
+        return sorted(host for host, run in self.hosts.items() if run.stage not in ("pending", ROLLED_BACK))
+
+    def unfinished(self) -> bool:
+        """Half done: some hosts on the new stack, the inventory not yet naming it (`moved`)."""
+        return bool(self.moved())
+
 
 def next_stage(stage: str) -> str | None:
     """The stage after ``stage`` (None after the last one)."""
     index = STAGES.index(stage)
     return STAGES[index + 1] if index + 1 < len(STAGES) else None
+
+
+def inventory_source(files: Iterable[str]) -> str | None:
+    """Of the file names in a directory inventory, the one inventory source when there is exactly one (hidden files
+    and those Ansible ignores left out): the fleet is then keyed as that file, since Ansible reads the same hosts and
+    group_vars either way.  None otherwise."""
+    sources = [name for name in files if not name.startswith(".") and not name.endswith(IGNORED_SUFFIXES)]
+    return sources[0] if len(sources) == 1 else None
+
+
+def state_dir_name(key: PurePath) -> str:
+    """The directory holding a fleet's state, named by its key (`inventory_source`, the inventory resolved): the
+    key's stem and a digest of the whole key."""
+    return f"{key.stem}-{hashlib.sha256(str(key).encode()).hexdigest()[:8]}"
+
+
+def unfinished_upgrade(state: UpgradeState | None, where: str, inventory: str | Path) -> str | None:
+    """The line refusing a provision of a fleet whose upgrade (``state``, read from ``where``) is half done: provision
+    would move the hosts on the new stack back.  None when there is no state or the upgrade is not half done."""
+    moved = state.moved() if state is not None else []
+    if not moved:
+        return None
+    return (f"an upgrade of this inventory is unfinished ({', '.join(moved)} on its new stack; {where}): finish it "
+            f"with dsctl upgrade {inventory} --resume or undo it with --rollback before provisioning")

@@ -1,4 +1,5 @@
-"""The lab's use cases: up, down, status, fault, packages. They return data; commands/lab.py renders it."""
+"""The lab verbs (`dsctl lab`): up, down, status, fault, packages, snapshot. They drive dsctl.lab and return data;
+commands/lab.py renders it."""
 
 from __future__ import annotations
 
@@ -7,14 +8,31 @@ from pathlib import Path
 from typing import Any
 
 from dsctl import data
-from dsctl.adapters import ssh
+from dsctl.adapters import output_paths, ssh
 from dsctl.core.hostfacts import npufacts
-from dsctl.core.lab.plan import DEFAULT_NAME, DEFAULT_SUBNET, LabSpec, check_name, plan_lab
+from dsctl.core.lab.plan import (
+    DEFAULT_NAME,
+    DEFAULT_SUBNET,
+    MAX_DISK_GB,
+    MAX_HOSTS,
+    MAX_NPUS,
+    LabSpec,
+    check_name,
+    plan_lab,
+)
 from dsctl.errors import DsctlError, UsageError
 from dsctl.lab import faults, hosts, preinstall, snapshot
+from dsctl.lab.faults import FaultKind
 from dsctl.lab.hosts import LabPaths, Progress
 from dsctl.lab.inventory import render_inventory
 from dsctl.lab.packages import build_packages
+from dsctl.services.inputs import Bound
+
+# The bounds of the lab's numbers (dsctl.core.lab.plan says why each is what it is).
+LAB_HOSTS = Bound(1, MAX_HOSTS, "lab hosts")
+NPUS = Bound(1, MAX_NPUS, "NPUs")
+DISK_GB = Bound(1, MAX_DISK_GB, "GB")
+NPU_ID = Bound(0, MAX_NPUS - 1, "", " (the highest NPU id of a lab host)")
 
 
 @dataclass
@@ -26,7 +44,9 @@ class UpResult:
 
 def lab_up(root: Path | None, *, hosts_count: int, npus: int, chip: str, subnet: str | None, disk_gb: int,
            driver: str | None, firmware: str | None, cann: str | None, progress: Progress,
-           name: str = DEFAULT_NAME) -> UpResult:
+           name: str | None = None) -> UpResult:
+    """Bring up the lab ``name`` (default: lab), or find it up with these options already."""
+    name = name or DEFAULT_NAME
     hosts.require_linux_root()
     check_name(name)
     root = root if root is not None else hosts.default_root(name)
@@ -137,7 +157,7 @@ def lab_status(root: Path | None, timeout: float = 5.0, name: str | None = None)
     return spec, statuses
 
 
-def lab_fault(root: Path | None, host: str, kind: faults.FaultKind, name: str | None = None, **options: Any) -> str:
+def lab_fault(root: Path | None, host: str, kind: FaultKind, name: str | None = None, **options: Any) -> str:
     hosts.require_linux_root()
     paths, spec = running_spec(root, name)
     return faults.inject(paths, spec, host, kind, **options)
@@ -158,3 +178,12 @@ def lab_snapshot(root: Path | None, name: str | None, action: str, snapshot_name
         return snapshot.restore(paths, spec, snapshot_name, say)
     snapshot.delete(paths, snapshot_name)
     return None
+
+
+def lab_packages(out: Path) -> list[Path]:
+    """Write the lab's emulated installer packages (.run) and their SHA256SUMS to ``out``; the files written."""
+    output_paths.check_dir("--out", out)  # before the packages are built
+    try:
+        return build_packages(out)
+    except OSError as exc:
+        raise DsctlError(f"--out {out}: {exc.strerror}; choose a writable directory") from exc

@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.inventory.schema import HostSettings
 from dsctl.core.serving import service
 from dsctl.core.serving.multinode import MultiNodeInstance, MultiNodeSpec
 from dsctl.core.serving.service import Instance, ServiceSpec
@@ -60,7 +60,7 @@ class DeployPlan:
     settings: dict[str, HostSettings]  # with the overrides applied
     instances: tuple[PlannedInstance, ...]  # the chosen ones, in host then NPU order
     only: tuple[str, ...] | None  # instance names handed to the play, None: all
-    # The dsctl_plan extra var (services/host_plan.py) when the verb computed one for the play.
+    # The dsctl_plan extra var (core/inventory/host_plan.py) when the verb computed one for the play.
     host_plans: Mapping[str, Any] | None = None
     # The multi-host instances deployed with them, each with its service (host_plan.plan_groups).
     groups: tuple[tuple[MultiNodeSpec, MultiNodeInstance], ...] = ()

@@ -25,13 +25,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from dsctl.core.fleet import inventory_schema
-from dsctl.core.fleet.inventory_schema import HostSettings
+from dsctl.core.inventory import deploy_plan
+from dsctl.core.inventory import schema as inventory_schema
+from dsctl.core.inventory.schema import HostSettings
 from dsctl.core.network.hccn_plan import NetworkPlan
 from dsctl.core.serving import multinode, multinode_render, service, service_render
 from dsctl.core.serving.multinode import MultiNodeInstance, MultiNodeSpec, NodeFacts
 from dsctl.errors import ExitStatus
-from dsctl.services import deploy_plan
 
 PLAN_VAR = "dsctl_plan"
 ALLOW_DOWNGRADE_VAR = "dsctl_allow_downgrade"  # dsctl provision --allow-downgrade; ascend_preflight reads it

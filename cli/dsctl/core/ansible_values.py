@@ -1,4 +1,5 @@
-"""Values as dsctl's Jinja filters receive them from Ansible, made plain Python data for the core.
+"""Values as dsctl's Jinja filters receive them from Ansible, made plain Python data for the core (pure: it imports
+nothing of Ansible, and the plugins import the core only).
 
 Ansible hands filters its own containers and tagged scalars (lazy templating dicts and lists, str/int subclasses
 that carry their origin); the core validates and serialises plain dicts, lists, str, int, float, bool and None.
