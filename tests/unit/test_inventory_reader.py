@@ -295,7 +295,7 @@ def test_ask_vault_pass_prompts_once_and_hands_the_password_to_ansible_playbook(
 
 @pytest.fixture
 def children(monkeypatch) -> list[object]:
-    """The limit of every read that started Ansible in a child, with no read kept from an earlier test."""
+    """The limit of every read that started Ansible in a child."""
     from dsctl.adapters import inventory as reader
 
     started: list[object] = []
@@ -306,45 +306,21 @@ def children(monkeypatch) -> list[object]:
         return real(inventory, request)
 
     monkeypatch.setattr(reader, "_read_in_child", counted)
-    monkeypatch.setattr(reader, "_READS", {})
     return started
 
 
-def test_reads_are_kept_while_the_files_are_unchanged_and_plain_host_limits_filter_the_whole_read(
-        tmp_path: Path, children: list[object]):
-    # a host named like a group: which of the two the pattern means is Ansible's to say, so that limit goes to it
+def test_every_read_is_one_ansible_child_and_a_limit_is_ansibles_to_resolve(tmp_path: Path, children: list[object]):
+    # Nothing is kept between reads (a command reads its fleet once and hands it on: dsctl.services.fleet.Fleet.only);
+    # a host named like a group: which of the two the pattern means is Ansible's to say
     path = write(tmp_path / "hosts.yml", HOSTS + "    login-01:\n      hosts:\n        atlas-a02: {}\n")
     assert list(host_vars(path)) == ["atlas-a01", "atlas-a02", "login-01"]
     assert list(host_vars(path, limit="atlas-a02,atlas-a01")) == ["atlas-a01", "atlas-a02"]  # inventory order
     assert list(host_vars(path, limit="atlas-a01")) == ["atlas-a01"]
-    assert children == [None]  # one Ansible start for all three
     assert "login-01" in host_vars(path, limit="login-01")
     assert list(host_vars(path, limit="atlas-a0*")) == ["atlas-a01", "atlas-a02"]
-    assert children == [None, "login-01", "atlas-a0*"]
+    assert children == [None, "atlas-a02,atlas-a01", "atlas-a01", "login-01", "atlas-a0*"]
     with pytest.raises(UsageError, match="matches no host"):
         host_vars(path, limit="atlas-a09")
-    # a changed file is read again
-    time.sleep(0.01)
     path.write_text(HOSTS.replace("192.0.2.11", "192.0.2.21"))
     assert host_vars(path)["atlas-a01"]["ansible_host"] == "192.0.2.21"
-    assert children[-1] is None and len(children) == 5
-
-
-def test_a_directory_inventory_is_kept_while_every_file_in_it_is_unchanged_and_never_with_a_script(
-        tmp_path: Path, children: list[object]):
-    directory = tmp_path / "fleet"
-    write(directory / "hosts.yml", HOSTS)
-    # Ansible skips .cfg files in an inventory directory (inventory_ignore_extensions); a kept read still sees them
-    notes = write(directory / "notes.cfg", "site notes\n")
-    host_vars(directory)
-    host_vars(directory)
-    assert len(children) == 1
-    time.sleep(0.01)
-    notes.write_text("changed\n")  # any file of the directory changed: read again
-    host_vars(directory)
-    assert len(children) == 2
-    script = write(directory / "extra.sh", "#!/bin/sh\necho '{\"_meta\": {\"hostvars\": {}}}'\n")
-    script.chmod(0o755)  # a dynamic inventory: its output may change from one run to the next
-    host_vars(directory)
-    host_vars(directory)
-    assert len(children) == 4
+    assert children[-1] is None and len(children) == 7

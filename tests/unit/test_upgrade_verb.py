@@ -545,3 +545,33 @@ def test_provision_is_refused_while_an_upgrade_is_half_done_and_allowed_once_it_
     result = provision_verb.provision(fleet, provision_verb.ProvisionInputs(inventory=inventory))
     assert result.exit_status == ExitStatus.OK
     assert {name: host.cann for name, host in fleet.hosts.items()} == dict.fromkeys(HOSTS, "8.5.0")
+
+
+def test_one_upgrade_reads_the_inventory_once_and_once_more_to_verify_what_it_wrote(world, monkeypatch):
+    """One Ansible inventory child before any host is contacted (the preflight check, every batch's provision and
+    deploy and the rollbacks use that fleet: dsctl.services.fleet.Fleet.only), and one after the versions are written
+    into the inventory, to see that Ansible resolves them (the files changed); --check reads once."""
+    from dsctl.adapters import inventory as reader
+
+    fleet, run, _, _ = world
+    reads: list[int] = []  # how many playbooks, probes and gateway calls had run at each read
+    real = reader._read_in_child
+
+    def counted(inventory, request):
+        reads.append(len(fleet.calls))
+        return real(inventory, request)
+
+    monkeypatch.setattr(reader, "_read_in_child", counted)
+    assert run(check=True, **TO_NEW).exit_status == ExitStatus.OK
+    assert reads == [0]
+    fleet.fail_install.add(("h2", "8.5.0"))  # a rollback's provision and deploy read nothing either
+    failing = len(fleet.calls)
+    assert run(**TO_NEW).exit_status == ExitStatus.PLAYBOOK_FAILED
+    assert fleet.playbooks("provision.yml") == ["h1", "h2", "h2"]
+    assert reads == [0, failing]
+    fleet.fail_install.clear()
+    resuming = len(fleet.calls)
+    result = run(resume=True)
+    assert result.exit_status == ExitStatus.OK, result.errors
+    assert fleet.playbooks("provision.yml") == ["h1", "h2", "h2", "h2", "h3"] and result.inventory
+    assert reads == [0, failing, resuming, len(fleet.calls)]

@@ -22,9 +22,7 @@ returned as written; any other undefined variable is an error naming the host an
 from __future__ import annotations
 
 import contextlib
-import copy
 import getpass
-import hashlib
 import io
 import json
 import os
@@ -102,10 +100,9 @@ MAX_YAML_FILE_BYTES = 16 * 1024 * 1024  # one inventory, group_vars or host_vars
 _YAML_SUFFIXES = ("", ".yml", ".yaml", ".json")  # what Ansible reads as variable files
 
 
-def _inventory_files(inventory: Path) -> tuple[list[Path], list[Path]]:
+def _inventory_files(inventory: Path) -> list[Path]:
     """One walk of ``inventory``: the files Ansible reads YAML from (the file, or every file under the directory,
-    and the group_vars/ and host_vars/ next to it), and every file it may read (a directory inventory's scripts and
-    other files too: what a kept read must see unchanged, `_memo_key`)."""
+    and the group_vars/ and host_vars/ next to it)."""
     inventory = inventory.expanduser()
     directory = inventory.is_dir()
     roots = [inventory] if directory else [inventory, inventory.parent / "group_vars", inventory.parent / "host_vars"]
@@ -115,20 +112,16 @@ def _inventory_files(inventory: Path) -> tuple[list[Path], list[Path]]:
             everything.append(root)
         elif root.is_dir():
             everything += sorted(p for p in root.rglob("*") if p.is_file())
-    everything = list(dict.fromkeys(everything))
-    yaml_files = [p for p in everything if p in roots or (not p.name.startswith(".")
-                                                          and p.suffix.lower() in _YAML_SUFFIXES)]
-    if not directory:
-        everything = yaml_files  # beside an inventory file, Ansible reads only variable files
-    return yaml_files, everything
+    return [p for p in dict.fromkeys(everything) if p in roots or (not p.name.startswith(".")
+                                                                   and p.suffix.lower() in _YAML_SUFFIXES)]
 
 
 def check_yaml_bounds(inventory: Path, yaml_files: Sequence[Path] | None = None) -> None:
     """Refuse (one line) an inventory whose YAML is too large or expands too far through aliases
     (`dsctl.core.fleet.yaml_bounds`), or writes a dsctl setting's number as YAML 1.1 misreads it (010 is 8:
     `dsctl.core.fleet.yaml_numbers`), before Ansible (the reader's child or ansible-playbook) parses it.
-    ``yaml_files``: `_inventory_files`' first list, when the caller has walked the inventory already."""
-    for path in _inventory_files(inventory)[0] if yaml_files is None else yaml_files:
+    ``yaml_files``: `_inventory_files`' list, when the caller has walked the inventory already."""
+    for path in _inventory_files(inventory) if yaml_files is None else yaml_files:
         try:
             if path.stat().st_size > MAX_YAML_FILE_BYTES:
                 raise UsageError(f"inventory: {path}: more than {MAX_YAML_FILE_BYTES >> 20} MiB; an inventory "
@@ -170,8 +163,7 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
             raise UsageError(f"inventory: {inventory} is not a file or directory of an inventory; pass an "
                              "inventory YAML file or its directory")
         raise UsageError(f"inventory: {inventory} does not exist; pass the path `dsctl lab up` printed or your own")
-    yaml_files, files = _inventory_files(inventory)
-    check_yaml_bounds(inventory, yaml_files)
+    check_yaml_bounds(inventory, _inventory_files(inventory))
     vault = vault or VaultOptions()
     if vault.password_file is not None and not Path(vault.password_file).expanduser().is_file():
         raise UsageError(f"--vault-password-file: {vault.password_file} does not exist; pass the file that holds "
@@ -188,15 +180,7 @@ def read_groups(inventory: Path, group: str = NPU_GROUP, *, also: Sequence[str] 
         # here, not in the child, which stays light).
         "settings": _setting_names(),
     }
-    names = _plain_host_names(limit)
-    if names is not None:
-        # --limit of plain host names (what dsctl upgrade hands provision and deploy, batch after batch): the
-        # whole group's read, kept below, filtered here, when each name is a host of the group and no group's
-        # name (Ansible would take a group's hosts too); anything else goes to Ansible's own pattern matching.
-        hosts, groups, group_names = _read(inventory, {**request, "limit": None}, files)
-        if all(name in hosts and name not in group_names for name in names):
-            return _named_safely({host: values for host, values in hosts.items() if host in names}, groups)
-    hosts, groups, _ = _read(inventory, request, files)
+    hosts, groups, _ = _read_in_child(inventory, request)
     return _named_safely(hosts, groups)
 
 
@@ -213,55 +197,6 @@ def _setting_names() -> list[str]:
     from dsctl.core.inventory.schema import HostSettings
 
     return HostSettings.setting_names()
-
-
-_PLAIN_NAMES = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
-
-
-def _plain_host_names(limit: str | None) -> set[str] | None:
-    if not limit or not _PLAIN_NAMES.fullmatch(limit):
-        return None
-    return set(limit.split(","))
-
-
-def _read(inventory: Path, request: Mapping[str, Any],
-          files: Sequence[Path]) -> tuple[HostsVars, dict[str, HostsVars], list[str]]:
-    key = _memo_key(request, files)
-    if key is not None and key in _READS:
-        return copy.deepcopy(_READS[key])
-    answer = _read_in_child(inventory, request)
-    if key is not None:
-        if len(_READS) >= _MAX_READS:
-            _READS.pop(next(iter(_READS)))
-        _READS[key] = copy.deepcopy(answer)
-    return answer
-
-
-# One dsctl command reads the same inventory several times (an upgrade plans, then provisions and restarts batch
-# after batch, each verb reading it again): each read starts Ansible in a child, 1 to 3 s.  A read is kept for the
-# rest of the process while none of the inventory's files changed (path, size, mtime, inode of each, and of the
-# vault password file); an inventory with an executable file (a dynamic inventory script) is read every time.
-# Values rendered from lookups are the ones of the first read, as one ansible-playbook run would see them.
-_READS: dict[str, tuple[HostsVars, dict[str, HostsVars], list[str]]] = {}
-_MAX_READS = 16
-
-
-def _memo_key(request: Mapping[str, Any], inventory_files: Sequence[Path]) -> str | None:
-    """The key of a kept read: the request and every file's stamp (`_inventory_files`' second list), or None for
-    an inventory that must be read every time."""
-    files = list(inventory_files)
-    if request.get("password_file"):
-        files.append(Path(str(request["password_file"])))
-    stamps = []
-    for path in files:
-        try:
-            st = path.stat()
-        except OSError:
-            return None
-        if st.st_mode & 0o111 and path != Path(str(request.get("password_file"))):
-            return None  # a script: its output may change from one run to the next
-        stamps.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
-    return hashlib.sha256(json.dumps([dict(request), stamps], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _read_in_child(inventory: Path, request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars], list[str]]:

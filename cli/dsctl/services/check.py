@@ -147,8 +147,10 @@ def _chip_rows(rows: list[dict[str, Any]], instances: list[InstanceUse], invento
     return result
 
 
-def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = no_progress) -> CheckResult:
-    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit)
+def check(runner: PlaybookRunner, inputs: CheckInputs, progress: ProgressSink = no_progress, *,
+          read: Fleet | None = None) -> CheckResult:
+    """``read``: the fleet the calling command read already (dsctl upgrade's preflight), not read again."""
+    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit, read=read)
     instances = multi_host_instances(fleet)
     pings = _network_pings(fleet, instances)
     # --check as well: the audit play only reads, and Ansible's check mode makes that a guarantee.

@@ -22,7 +22,7 @@ from dsctl.core.inventory.deploy_plan import DeployPlan, plan_deploy
 from dsctl.core.serving import service_render
 from dsctl.core.serving.multinode import MultiNodeError
 from dsctl.errors import DsctlError, ExitStatus
-from dsctl.services.fleet import check_playbook_options, load_fleet
+from dsctl.services.fleet import Fleet, check_playbook_options, load_fleet
 from dsctl.services.ports import PlaybookRunner, ProgressSink, no_progress
 from dsctl.services.runs import failure_lines, hosts_to_rerun
 
@@ -169,9 +169,11 @@ class RolloutTracker:
                                  "again to finish or roll back that instance")
 
 
-def prepare(inputs: DeployInputs) -> DeployPlan:
-    """Read and validate the fleet, then plan: every problem is one line before any host is contacted."""
-    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
+def prepare(inputs: DeployInputs, *, read: Fleet | None = None) -> DeployPlan:
+    """Read and validate the fleet (``read``: the one the calling command read already), then plan: every problem
+    is one line before any host is contacted."""
+    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit, read=read).with_vars(
+        inputs.host_vars)
     fleet.check_gateways()  # the gateway play runs after every instance rolled out: its problems are found here
     addresses = {host: fleet.address(host) for host in fleet.settings}
     try:
@@ -210,9 +212,10 @@ def render(inputs: DeployInputs) -> RenderResult:
 
 
 def deploy(runner: PlaybookRunner, inputs: DeployInputs, progress: ProgressSink = no_progress, *,
-           stop: threading.Event | None = None) -> DeployResult:
-    """``stop`` (set from another thread) interrupts the run as Ctrl-C does (tune's trial slots)."""
-    plan = prepare(inputs)
+           stop: threading.Event | None = None, read: Fleet | None = None) -> DeployResult:
+    """``stop`` (set from another thread) interrupts the run as Ctrl-C does (tune's trial slots); ``read``: the
+    fleet the calling command read already (upgrade, tune), not read again."""
+    plan = prepare(inputs, read=read)
     tracker = RolloutTracker(plan)
 
     def on_event(event: Mapping[str, Any]) -> None:

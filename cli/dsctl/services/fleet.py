@@ -27,6 +27,7 @@ class Fleet:
     # Every host of the fleet and of the gateway group, --limit or not: what the gateways front and where they run.
     fleet_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gateway_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    limit: str | None = None  # the --limit it was read with (None: every host of the fleet)
 
     @property
     def network(self) -> NetworkPlan:
@@ -37,6 +38,25 @@ class Fleet:
     def address(self, host: str) -> str:
         return str(self.hostvars.get(host, {}).get("ansible_host", host))
 
+    def only(self, limit: str | None) -> Fleet:
+        """This fleet's hosts named in ``limit`` (host names separated by commas, as dsctl upgrade hands provision,
+        deploy and check batch after batch, tune trial after trial), read no second time; the limit it was read with:
+        itself.  A limit that is not plain names of its hosts (a group, a pattern) is Ansible's to resolve: read the
+        fleet with it instead."""
+        if limit == self.limit:
+            return self
+        if not limit:
+            raise ValueError(f"every host: this fleet was read with --limit {self.limit}; read it again")
+        names = [name.strip() for name in limit.split(",")]
+        unknown = [name for name in names if name not in self.settings]
+        if unknown:
+            raise ValueError(f"--limit {limit}: {', '.join(unknown)} not among this fleet's hosts "
+                             f"({', '.join(self.settings)}); read the fleet with that limit instead")
+        keep = [host for host in self.hostvars if host in names]  # the inventory's order, as Ansible's subset
+        return Fleet(hostvars={host: self.hostvars[host] for host in keep},
+                     settings={host: self.settings[host] for host in keep},
+                     fleet_vars=self.fleet_vars, gateway_vars=self.gateway_vars, limit=limit)
+
     def with_vars(self, host_vars: Mapping[str, Mapping[str, Any]]) -> Fleet:
         """This fleet with ``host_vars`` laid over some hosts' variables (an upgrade's target or previous versions),
         validated again (InventoryError on a refused stack)."""
@@ -45,7 +65,7 @@ class Fleet:
         merged = {host: {**values, **host_vars.get(host, {})} for host, values in self.hostvars.items()}
         fleet = {host: {**values, **host_vars.get(host, {})} for host, values in self.fleet_vars.items()} or None
         return Fleet(hostvars=merged, settings=inventory_schema.validate_fleet(merged, fleet=fleet),
-                     fleet_vars=self.fleet_vars, gateway_vars=self.gateway_vars)
+                     fleet_vars=self.fleet_vars, gateway_vars=self.gateway_vars, limit=self.limit)
 
     def check_gateways(self) -> None:
         """Every gateway valid, fronting services the fleet runs, able to reach them and on ports of its own (one
@@ -86,15 +106,19 @@ class Fleet:
                                  groups=groups))
 
 
-def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str | None = None) -> Fleet:
-    """Schema and matrix check of every host (one-line error, exit 2 or 3); no host is contacted."""
+def load_fleet(inventory: Path, *, vault: VaultOptions | None = None, limit: str | None = None,
+               read: Fleet | None = None) -> Fleet:
+    """Schema and matrix check of every host (one-line error, exit 2 or 3); no host is contacted.  ``read``: the
+    fleet the command already read (the whole inventory), narrowed to ``limit`` instead of reading it again."""
+    if read is not None:
+        return read.only(limit)
     hostvars, groups = inventory_adapter.read_groups(inventory, vault=vault, limit=limit,
                                                      also=(gateway.GATEWAY_GROUP, inventory_adapter.NPU_GROUP))
     fleet = groups.get(inventory_adapter.NPU_GROUP, {})
     # The NPU network plan is the whole fleet's (a derived address depends on the host's place in it), --limit or not.
     return Fleet(hostvars=hostvars, settings=inventory_schema.validate_fleet(hostvars, fleet=fleet or None),
                  fleet_vars=fleet,
-                 gateway_vars=groups.get(gateway.GATEWAY_GROUP, {}))
+                 gateway_vars=groups.get(gateway.GATEWAY_GROUP, {}), limit=limit)
 
 
 def check_playbook_options(*, forks: int | None = None, serial: int | None = None, tags: str | None = None,

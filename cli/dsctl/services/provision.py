@@ -89,9 +89,11 @@ class ProvisionResult:
                 "restarted": list(self.restarted)}
 
 
-def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: ProgressSink = no_progress
-              ) -> ProvisionResult:
-    fleet = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit).with_vars(inputs.host_vars)
+def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: ProgressSink = no_progress, *,
+              read: Fleet | None = None) -> ProvisionResult:
+    """``read``: the fleet the calling command has read already (dsctl upgrade), not read again."""
+    read = load_fleet(inputs.inventory, vault=inputs.vault, limit=inputs.limit, read=read)
+    fleet = read.with_vars(inputs.host_vars)
     if inputs.upgrade_guard and not inputs.check:
         path = upgrade_state.fleet_state_path(inputs.inventory)
         refusal = unfinished_upgrade(upgrade_state.read_if_any(path), str(path), inputs.inventory)
@@ -122,11 +124,11 @@ def provision(runner: PlaybookRunner, inputs: ProvisionInputs, progress: Progres
     moved = [host.host for host in hosts if host.downgrades and host.status in ("ok", "changed")]
     if not moved or inputs.check or not inputs.restart_downgraded or result.exit_status != ExitStatus.OK:
         return result
-    return _restart_downgraded(runner, inputs, fleet, result, moved, progress)
+    return _restart_downgraded(runner, inputs, fleet, result, moved, progress, read)
 
 
 def _restart_downgraded(runner: PlaybookRunner, inputs: ProvisionInputs, fleet: Fleet, result: ProvisionResult,
-                        moved: list[str], progress: ProgressSink) -> ProvisionResult:
+                        moved: list[str], progress: ProgressSink, read: Fleet) -> ProvisionResult:
     """Restart the instances of the downgraded hosts onto the stack now active (health-gated, as deploy does)."""
     from dsctl.services import deploy as deploy_verb
 
@@ -135,7 +137,8 @@ def _restart_downgraded(runner: PlaybookRunner, inputs: ProvisionInputs, fleet: 
         return result
     deployed = deploy_verb.deploy(runner, deploy_verb.DeployInputs(
         inventory=inputs.inventory, limit=",".join(with_instances), restart=True, vault=inputs.vault,
-        host_vars={host: inputs.host_vars[host] for host in with_instances if host in inputs.host_vars}), progress)
+        host_vars={host: inputs.host_vars[host] for host in with_instances if host in inputs.host_vars}), progress,
+        read=read)
     restarted = tuple(f"{row.host}/{row.instance}" for row in deployed.instances if row.status == "restarted")
     errors = (*result.errors, *(f"restart onto the downgraded stack: {line}" for line in deployed.errors))
     status = result.exit_status if deployed.exit_status == ExitStatus.OK else deployed.exit_status

@@ -64,7 +64,7 @@ from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import deploy as deploy_verb
 from dsctl.services import probe as probe_verb
 from dsctl.services import tune as tune_sim
-from dsctl.services.fleet import load_fleet
+from dsctl.services.fleet import Fleet, load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
 from dsctl.services.tune import config_text
 from dsctl.services.tune_result import Deployment, TuneResult, Verification
@@ -147,6 +147,7 @@ class LivePlan:
     api_key: str | None = field(repr=False, default=None)
     log_files: Mapping[str, str] = field(default_factory=dict)  # instance -> log path on its host
     alloc_conf: str = ""  # PYTORCH_NPU_ALLOC_CONF the instances start with (host env, then the service's env)
+    fleet: Fleet | None = field(repr=False, default=None)  # read once: every trial's deploy narrows it to its host
 
 
 # --------------------------------------------------------------------------- 1. the plan (no host contacted)
@@ -273,7 +274,7 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
                     instances=every,
                     slos=slos, space=space, baseline=baseline, profile=profile, shortest_prompt=shortest_prompt,
                     shortest_output=shortest_output, api_key=api_key, log_files=logs,
-                    alloc_conf=alloc_conf(slots[0].planned))
+                    alloc_conf=alloc_conf(slots[0].planned), fleet=fleet)
 
 
 # --------------------------------------------------------------------------- 2-5. the run
@@ -360,7 +361,7 @@ class LiveTune:
             instances=(only.name,) if only is not None else (self.plan.service,),
             overrides={self.plan.service: dict(overrides)} if overrides else {}, vault=self.inputs.vault,
             artifacts_dir=self.inputs.run_dir / "runs" / artifacts)
-        return deploy_verb.deploy(self.runner, inputs, stop=stop)
+        return deploy_verb.deploy(self.runner, inputs, stop=stop, read=self.plan.fleet)
 
     def log_tail(self, slot: Slot) -> list[str]:
         try:

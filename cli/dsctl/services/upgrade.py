@@ -291,7 +291,7 @@ class _Run:
                                                 vault=self.inputs.vault, host_vars=self.versions_vars(hosts, which),
                                                 allow_downgrade=which == "source", restart_downgraded=False,
                                                 upgrade_guard=False)
-        result = provision_verb.provision(self.runner, inputs, self.progress)
+        result = provision_verb.provision(self.runner, inputs, self.progress, read=self.fleet)
         _raise_for(result.exit_status, result.errors, hosts, "installed", [h.host for h in result.hosts
                                                                           if h.status in ("failed", "unreachable")])
         pending = [h.host for h in result.hosts if h.status == "pending-reboot"]
@@ -304,7 +304,7 @@ class _Run:
             return
         inputs = deploy_verb.DeployInputs(inventory=self.inputs.inventory, limit=",".join(hosts), restart=True,
                                           vault=self.inputs.vault, host_vars=self.versions_vars(hosts, which))
-        result = deploy_verb.deploy(self.runner, inputs, self.progress)
+        result = deploy_verb.deploy(self.runner, inputs, self.progress, read=self.fleet)
         bad = [row.host for row in result.instances if row.status not in ("restarted", "unchanged")]
         _raise_for(result.exit_status, result.errors, hosts, "restarted", bad)
 
@@ -527,7 +527,7 @@ def preflight(runner: PlaybookRunner, prober: Prober, inputs: UpgradeInputs, fle
         return UpgradePlan(hosts=(), batches=(), unchanged=(), problems=tuple(problems)), problems, {}
     fleet.check_controller_files()  # the packages and locks each batch's provision reads, before dsctl check
     checked = check_verb.check(runner, check_verb.CheckInputs(inventory=inputs.inventory, vault=inputs.vault),
-                               progress)
+                               progress, read=fleet)
     problems: list[str] = []
     reports = {str(row["host"]): row for row in checked.hosts}
     hosts = list(fleet.settings)
