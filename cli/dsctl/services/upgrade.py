@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,7 +43,7 @@ from typing import Any, Protocol
 
 from dsctl import data
 from dsctl.adapters import gateway as gateway_adapter
-from dsctl.adapters import inventory_versions, upgrade_state
+from dsctl.adapters import inventory_versions, package_source, upgrade_state
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.fleet import sha256sums
 from dsctl.core.fleet.versions import same_version
@@ -462,15 +461,9 @@ def read_package_sums(source: str, pin: str | None = None) -> dict[str, str]:
     directory, only the packages whose file is there too (the roles verify each digest when they fetch it).
     ``pin`` (dsctl_package_manifest_sha256): a manifest whose bytes have another sha256 raises ValueError; a
     malformed one raises DsctlError (dsctl.core.fleet.sha256sums, as strict as provisioning's reading of it)."""
-    location = f"{str(source).rstrip('/')}/SHA256SUMS"
-    remote = location.startswith(("http://", "https://"))
-    try:
-        if remote:
-            with urllib.request.urlopen(location, timeout=30) as response:  # noqa: S310 (http(s) only)
-                raw = response.read()
-        else:
-            raw = Path(location).read_bytes()
-    except OSError:
+    location = package_source.manifest_location(source)
+    raw = package_source.read_manifest(source)
+    if raw is None:
         return {}
     got = hashlib.sha256(raw).hexdigest()
     if pin is not None and got != pin:
@@ -478,7 +471,10 @@ def read_package_sums(source: str, pin: str | None = None) -> dict[str, str]:
                          "the source is refused (changed or tampered with): if its packages were updated on purpose, "
                          "pin the new `sha256sum SHA256SUMS`")
     sums = sha256sums.parse(raw.decode("utf-8", "replace"), location)
-    return sums if remote else {name: digest for name, digest in sums.items() if (Path(source) / name).is_file()}
+    if package_source.is_remote(source):
+        return sums
+    here = package_source.present(source, sums)
+    return {name: digest for name, digest in sums.items() if name in here}
 
 
 def _healthy(host: str, report: Mapping[str, Any]) -> str | None:

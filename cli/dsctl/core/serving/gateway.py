@@ -37,15 +37,12 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any, Literal
 
-import jinja2
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dsctl.assets import asset_root
 from dsctl.core.fleet.root_paths import RootPathRefused, root_dir, root_run_file
-from dsctl.core.serving import host_ports
+from dsctl.core.serving import host_ports, templates
 from dsctl.core.serving.port_table import SSH_PORT, PortTable
 from dsctl.core.serving.service import (
     AccountName,
@@ -517,19 +514,7 @@ def nginx_int(value: Any) -> str:
     return str(value)
 
 
-@cache
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(asset_root() / "templates")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    env.filters["nq"] = nginx_quote
-    env.filters["ni"] = nginx_int
-    return env
+templates.register(nq=nginx_quote, ni=nginx_int)
 
 
 def upstream_name(service: str) -> str:
@@ -565,13 +550,13 @@ def render_config(plan: GatewayPlan) -> str:
     servers = [{"service": route.service, "listen": listen_address(spec.listen, route.port),
                 "upstream": upstream_name(route.service), "members": plan.upstreams[route.service]}
                for route in spec.services]
-    return _environment().get_template("gateway/nginx.conf.j2").render(
+    return templates.render("gateway/nginx.conf.j2",
         spec=spec, servers=servers, fingerprint=fingerprint(plan), config_path=CONFIG_PATH)
 
 
 def render_systemd_unit(spec: GatewaySpec, nginx: str = "/usr/sbin/nginx") -> str:
     """The gateway's systemd unit (hosts with systemd as PID 1)."""
-    return _environment().get_template("gateway/dsctl-gateway.service.j2").render(spec=spec, nginx=nginx)
+    return templates.render("gateway/dsctl-gateway.service.j2", spec=spec, nginx=nginx)
 
 
 def nginx_argv(spec: GatewaySpec, nginx: str = "/usr/sbin/nginx") -> list[str]:

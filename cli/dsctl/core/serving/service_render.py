@@ -30,12 +30,9 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
-import jinja2
-
-from dsctl.assets import asset_root
+from dsctl.core.serving import templates
 from dsctl.core.serving.service import Instance, ServiceError, ServiceSpec, effective_params, engine_params, plan_host
 
 DEFAULT_CONFIG_DIR = "/etc/dsctl/services"
@@ -142,28 +139,16 @@ def supervisor_arg(value: Any) -> str:
     return supervisor_value(shell_quote(value))
 
 
-@cache
-def _environment() -> jinja2.Environment:
-    # Shell, INI, unit files and JSON, not HTML: no autoescape.  Every value goes through the filter of the
-    # syntax it lands in: q (bash word), systemd_arg / systemd_value (unit files), supervisor_arg /
-    # supervisor_value (supervisor programs), comment (inside a comment line), json (MindIE's config.json).
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(asset_root() / "templates")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    env.filters.update({"q": shell_quote, "json": _json, "comment": comment_text, "systemd_arg": systemd_arg,
-                        "systemd_value": systemd_value, "supervisor_arg": supervisor_arg,
-                        "supervisor_value": supervisor_value})
-    return env
+# Shell, INI, unit files and JSON: every value goes through the filter of the syntax it lands in: q (bash word),
+# systemd_arg / systemd_value (unit files), supervisor_arg / supervisor_value (supervisor programs), comment (inside a
+# comment line), json (MindIE's config.json).
+templates.register(q=shell_quote, json=_json, comment=comment_text, systemd_arg=systemd_arg,
+                   systemd_value=systemd_value, supervisor_arg=supervisor_arg, supervisor_value=supervisor_value)
 
 
 def render_template(name: str, **context: Any) -> str:
     """``templates/<name>`` rendered with ``context`` (an undefined variable is an error)."""
-    return _environment().get_template(name).render(**context)
+    return templates.render(name, **context)
 
 
 # --------------------------------------------------------------------------- engine arguments
