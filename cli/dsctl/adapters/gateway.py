@@ -59,18 +59,20 @@ def _result(run: PlaybookRun) -> GatewayResult:
 
 def sync(inventory: Path, *, drain: Sequence[str] = (), undrain: Sequence[str] = (),
          vault: VaultOptions | None = None, on_event: EventHandler | None = None,
-         timeout: float | None = None) -> GatewayResult:
+         runner: Any = None) -> GatewayResult:
     """Bring every gateway of the inventory in line with the instances, draining and undraining as named.
 
     ``vault``: the verb's vault options, as for every other playbook (the inventory's vault-encrypted
-    group_vars are loaded by this play too, gateway or none)."""
+    group_vars are loaded by this play too, gateway or none).  ``runner``: the verb's PlaybookRunner port
+    (dsctl.services.ports), whose run the play goes through with the rest of the verb's plays (its timeout, its
+    artifacts); None: ansible_run.run_playbook itself, for a caller without one."""
     extra: dict[str, Any] = {}
     if drain:
         extra[DRAIN_VAR] = member_ids(list(drain), DRAIN_VAR)
     if undrain:
         extra[UNDRAIN_VAR] = member_ids(list(undrain), UNDRAIN_VAR)
-    run = run_playbook(PLAYBOOK, inventory, extra_vars=extra or None, vault=vault, on_event=on_event,
-                       timeout=timeout)
+    play = runner.run if runner is not None else run_playbook
+    run = play(PLAYBOOK, inventory, extra_vars=extra or None, vault=vault, on_event=on_event)
     return _result(run)
 
 

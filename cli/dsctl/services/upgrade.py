@@ -270,7 +270,8 @@ class _Run:
         members = self.members(hosts)
         if not members:
             return
-        result = self.gateway.drain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress)
+        result = self.gateway.drain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress,
+                                    runner=self.runner)
         if not result.ok:
             raise _BatchFailed(hosts[0], "drained", "drain failed: " + "; ".join(result.errors),
                                ExitStatus.PLAYBOOK_FAILED)
@@ -281,7 +282,8 @@ class _Run:
         members = self.members(hosts)
         if not members:
             return None
-        return self.gateway.undrain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress)
+        return self.gateway.undrain(self.inputs.inventory, members, vault=self.inputs.vault, on_event=self.progress,
+                                    runner=self.runner)
 
     def provision(self, hosts: Sequence[str], which: str) -> None:
         # Going back to the source stack is a downgrade the rollback exists for; the verb restarts and probes the
