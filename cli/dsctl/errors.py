@@ -1,4 +1,4 @@
-"""One exception family and the exit statuses it maps to (documented in README)."""
+"""One exception family and the exit statuses it maps to (documented in docs/exit-codes.md)."""
 
 from __future__ import annotations
 

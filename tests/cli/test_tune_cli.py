@@ -22,7 +22,7 @@ def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_simulate_prints_the_ranked_table_progress_and_the_artifacts(tmp_path):
-    # --window 60: the plumbing, not the figures (the default 300-s window is the bench's and the README's)
+    # --window 60: the plumbing, not the figures (the default 300-s window is the bench's and docs/tune.md's)
     result = run_cli(tmp_path, "--simulate", *SMALL, "--slo", "ttft:median=2s", "--budget", "3", "--window", "60")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
