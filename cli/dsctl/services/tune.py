@@ -2,7 +2,7 @@
 
 The recipe is dsctl.core.tune's (its ``__init__`` shows it): parse the SLOs, resolve the space (``--param``
 overrides), refuse a physically impossible SLO before any evaluation (`screens.impossible`, exit 6), run the
-`search.Search` driver with the roofline screen, write ``trials.jsonl`` and ``pareto.png`` in the run directory.
+`tune_search.Search` driver with the roofline screen, write ``trials.jsonl`` and ``pareto.png`` in the run directory.
 The evaluator is the engine's own offline model: a candidate's engine parameters become an
 `engine_config.EngineConfig` and `dsctl.core.perf.evaluate.evaluate` runs it on the same requests ``dsctl probe``
 would send.  A configuration the engine's start-up plan refuses (``StartupFailure``: torch_npu's out-of-memory
@@ -45,20 +45,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsctl.adapters import output_paths
+from dsctl.adapters import output_paths, tune_artifacts
 from dsctl.adapters.ansible_run import new_artifacts_dir, runs_dir
+from dsctl.adapters.study_journal import journal_storage
 from dsctl.core.load import arrivals, limits
 from dsctl.core.load.workload import LengthSpec, Workload
 from dsctl.core.perf import engine_config, evaluate, perfmodel
 from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
 from dsctl.core.perf.estimate import WEIGHT_FORMATS
-from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
+from dsctl.core.tune import analysis, capacity, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import Candidate, Failure, Outcome
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services.ports import ProgressSink, no_progress
 from dsctl.services.tune_result import TuneResult, capacity_figure
+from dsctl.services.tune_search import Search
 
 ENGINES = ("lab-engine", "vllm-ascend")
 STUDY = "dsctl-tune"
@@ -575,7 +577,7 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
     def on_event(phase: str, record: TrialRecord) -> None:
         counts = {}
         if phase == "told":
-            counts, incumbent = search.standing(driver.result().trials)
+            counts, incumbent = analysis.standing(driver.result().trials)
             best[:] = [incumbent] if incumbent is not None else []
         progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
                   "status": _status(record) if phase == "told" else "running", "objective": record.objective,
@@ -584,18 +586,18 @@ def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResu
                   "best": best[0].objective if best else None})
 
     screen, _ = build_screen(inputs, slos, space, workload)
-    driver = search.Search(space, slos, simulator(inputs, slos, space, workload),
+    driver = Search(space, slos, simulator(inputs, slos, space, workload),
                            search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
                                                  objective=inputs.objective,
                                                  npus_per_instance=inputs.npus_per_instance),
-                           storage=search.journal_storage(journal), study_name=STUDY, resume=inputs.resume,
+                           storage=journal_storage(journal), study_name=STUDY, resume=inputs.resume,
                            screen=screen, context={"simulated": True, "model": inputs.model, "chip": inputs.chip},
                            on_event=on_event)
     started = time.monotonic()
     result = driver.run()
-    trials_path = pareto.write_trials(result.trials, run_dir / TRIALS)
+    trials_path = tune_artifacts.write_trials(result.trials, run_dir / TRIALS)
     first = slos[0]
-    plot_path = pareto.plot(result.trials, run_dir / PLOT, winner=result.best, slo_key=first.key,
+    plot_path = tune_artifacts.plot(result.trials, run_dir / PLOT, winner=result.best, slo_key=first.key,
                             slo_bound=first.bound if first.statistic is not None else None,
                             title=f"dsctl tune --simulate {inputs.model} on {inputs.chip}")
     errors: tuple[str, ...] = ()

@@ -9,7 +9,7 @@ The recipe (dsctl.core.tune's, as ``--simulate`` runs it, with the fleet as the 
 2. Baseline: ``dsctl deploy`` of the inventory's configuration for the service's instances (nothing restarts
    when they already run it).  That is the pre-tune state every exit path returns to unless a winner replaces
    it.  When the space has a lossy knob, the baseline's greedy outputs on `quality.PROMPTS` are kept.
-3. The search (`search.Search`, Optuna TPE with constraints, journal storage for ``--resume``): the baseline
+3. The search (`tune_search.Search`, Optuna TPE with constraints, journal storage for ``--resume``): the baseline
    configuration is the first trial; every candidate is checked against the space's dependencies and screened
    with the roofline before any restart.  A trial on slot *i*: deploy the candidate to that one instance through
    deploy's health gate (``--instance``, parameter overrides: the same templates as ``dsctl deploy``; a failed
@@ -48,15 +48,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsctl.adapters import completions, writeback
+from dsctl.adapters import completions, tune_artifacts, writeback
 from dsctl.adapters.ansible_run import PlaybookError
 from dsctl.adapters.inventory import VaultOptions
+from dsctl.adapters.study_journal import journal_storage
 from dsctl.core.inventory.deploy_plan import PlannedInstance, plan_deploy
 from dsctl.core.load import generator_limit
 from dsctl.core.load.workload import LengthSpec
 from dsctl.core.perf import perfmodel
 from dsctl.core.serving.service_render import instance_env
-from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
+from dsctl.core.tune import analysis, capacity, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import Candidate, Failure, Outcome
@@ -68,6 +69,7 @@ from dsctl.services.fleet import load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
 from dsctl.services.tune import config_text
 from dsctl.services.tune_result import Deployment, TuneResult, Verification
+from dsctl.services.tune_search import Search
 
 STUDY = "dsctl-tune"
 JOURNAL, TRIALS, PLOT, RESULT = "study.journal", "trials.jsonl", "pareto.png", "result.json"
@@ -603,7 +605,7 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
     def on_event(phase: str, record: TrialRecord) -> None:
         counts = {}
         if phase == "told":
-            counts, tune.incumbent = search.standing(driver.result().trials)
+            counts, tune.incumbent = analysis.standing(driver.result().trials)
         slot = plan.slots[record.slot] if 0 <= record.slot < len(plan.slots) else None
         progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
                   "status": _status(record) if phase == "told" else "running", "objective": record.objective,
@@ -631,12 +633,12 @@ def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
                                                                       memory_check=memory_check))
     try:
         tune.baseline()
-        driver = search.Search(
+        driver = Search(
             space, plan.slos, tune.evaluate,
             search.SearchSettings(budget=inputs.budget, slots=len(plan.slots), seed=inputs.seed,
                                   objective=inputs.objective, min_agreement=inputs.min_agreement,
                                   npus_per_instance=plan.space.npus_per_instance or 1, max_wall_s=inputs.max_time_s),
-            storage=search.journal_storage(journal), study_name=STUDY, resume=inputs.resume, screen=screen,
+            storage=journal_storage(journal), study_name=STUDY, resume=inputs.resume, screen=screen,
             baseline=plan.baseline, context={"simulated": False, "service": plan.service, "engine": plan.engine,
                                              "model": plan.model, "chip": inputs.chip},
             on_event=on_event)
@@ -710,17 +712,17 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
     baseline_params = plan.space.params(plan.baseline) if plan.baseline else {}
     winner_params = {} if winner is None else {**winner.params, **winner.fields}
     baseline = _baseline_trial(found.trials, tune.baseline_config)
-    # no winner over a baseline whose figure is the controller's or rests on too few samples (search.baseline_doubt)
+    # no winner over a baseline whose figure is the controller's or rests on too few samples (analysis.baseline_doubt)
     doubt = None if winner is None or _same_config(winner_params, tune.baseline_config or {}) else \
-        search.baseline_doubt(baseline)
+        analysis.baseline_doubt(baseline)
     declined = winner if doubt is not None else None
     if declined is not None:
         winner, winner_params = None, {}
     is_baseline = winner is None or _same_config(winner_params, tune.baseline_config or {})
     try:
-        trials_path = pareto.write_trials(found.trials, inputs.run_dir / TRIALS)
+        trials_path = tune_artifacts.write_trials(found.trials, inputs.run_dir / TRIALS)
         first = plan.slos[0]
-        plot_path = pareto.plot(found.trials, inputs.run_dir / PLOT, winner=winner, slo_key=first.key,
+        plot_path = tune_artifacts.plot(found.trials, inputs.run_dir / PLOT, winner=winner, slo_key=first.key,
                                 slo_bound=first.bound if first.statistic is not None else None,
                                 title=f"dsctl tune {plan.service} ({plan.model}), {len(plan.slots)} slots")
         end = _end(tune, winner, None if is_baseline else winner_params)
