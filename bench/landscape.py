@@ -220,7 +220,7 @@ def key(config: Mapping[str, Any]) -> tuple:
 # the same tables.
 # (search.py's FAILURE_PATTERNS name the crash classes the truth records: clear the cache after changing them.)
 TRUTH_CODE = ("core/perf", "core/load", "core/tune/capacity.py", "core/tune/rate_search.py", "core/tune/slo.py",
-              "core/tune/quality.py", "core/tune/space.py", "services/tune.py", "data")
+              "core/tune/quality.py", "core/tune/space.py", "services/tune.py", "services/tune_driver.py", "data")
 
 
 def code_digest(landscape: Landscape) -> str:

@@ -19,7 +19,7 @@ from dsctl.core.tune import analysis, search
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import CRASHES, Failure
 from dsctl.errors import DsctlError, ExitStatus, UsageError
-from dsctl.services import tune_live, tune_result, tune_search
+from dsctl.services import tune_driver, tune_live, tune_result, tune_search
 from tests.unit import test_tune_writeback
 
 # inference_service's failure line (roles/inference_service/tasks/rollout.yml), as deploy returns it.
@@ -125,7 +125,7 @@ def end_of_tune(tmp_path: Path, inventory: Path, plan: tune_live.LivePlan, *, wr
                          fields=plan.space.fields(config), evaluated=True, feasible=True, objective=5.0, rate=4.0,
                          slo_values={"ttft:p99": 150.0})
     found = search.SearchResult(trials=[winner], best=winner, counts=analysis.count([winner]), stopped="budget spent",
-                                study_name=tune_live.STUDY)
+                                study_name=tune_driver.STUDY)
     return EndOfTune(inputs, plan, **script), found, {**winner.params, **winner.fields}
 
 

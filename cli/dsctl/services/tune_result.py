@@ -2,7 +2,7 @@
 result type").
 
 `dsctl tune --simulate` (services.tune, the offline engine model) and `dsctl tune INVENTORY` (services.tune_live,
-the fleet's instances) run the same search (`services.tune_search.Search`) and return this: the trials, the noise-aware
+the fleet's instances) run the same driver (`services.tune_driver.drive`) and return this: the trials, the noise-aware
 winner, the baseline it is measured against (live: the inventory's configuration), the counts and the artifacts.
 What only a live run has -- the configuration it left on every instance, the confirming probes, the inventory it
 wrote -- is its `Deployment`; a simulated run has none.  The command renders both with one table and one JSON

@@ -21,6 +21,8 @@ How the verbs (services.tune_live, services.tune for ``--simulate``) put it toge
     [writeback.write_back(inventory, spec.name, result.best.params, fields=result.best.fields)]   # --write-back,
                                                      # once the winner is deployed and confirmed (services.tune_live)
 
+The one tune driver (services.tune_driver) runs that for both verbs through its evaluator port.
+
 The evaluator (one call per candidate, on the trial slot ``candidate.slot``): render ``candidate.params`` /
 ``candidate.fields`` with ``ServiceSpec.with_params``, restart that instance through deploy's health gate
 (a failure -> ``Outcome(failure=search.classify_failure(log_tail))``), warm up, then
