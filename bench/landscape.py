@@ -216,10 +216,11 @@ def key(config: Mapping[str, Any]) -> tuple:
 
 
 # The code a table's outcomes come from (tune.simulator and what it runs), relative to the dsctl package; the searches'
-# own code (core/tune/search.py's loop, screens.py) is left out so that a change to the search reads the same tables.
+# own code (core/tune/study.py, services/tune_search.py, screens.py) is left out so that a change to the search reads
+# the same tables.
 # (search.py's FAILURE_PATTERNS name the crash classes the truth records: clear the cache after changing them.)
 TRUTH_CODE = ("core/perf", "core/load", "core/tune/capacity.py", "core/tune/rate_search.py", "core/tune/slo.py",
-              "core/tune/quality.py", "core/tune/space.py", "services/tune.py", "data")
+              "core/tune/quality.py", "core/tune/space.py", "services/tune.py", "services/tune_driver.py", "data")
 
 
 def code_digest(landscape: Landscape) -> str:
@@ -326,7 +327,7 @@ class Truth:
             return "quality"
         if outcome.failure in CRASHES or (outcome.failure is not None and outcome.failure != Failure.SLO_MISS):
             return "crash"
-        # judged as search.Search judges a trial: the SLO statistics over a window the instance sustained (a rate
+        # judged as tune_search.Search judges a trial: the SLO statistics over a window the instance sustained (a rate
         # search where no rate held reports its closest probe, whose statistics can meet the SLO unsustained)
         if outcome.failure == Failure.SLO_MISS or outcome.metrics is None \
                 or not capacity.judge_probe(self.slos, outcome.metrics).met:
@@ -341,7 +342,7 @@ class Truth:
         assert outcome is not None
         if outcome.objective is not None:
             return float(outcome.objective)
-        if self.inputs.objective == "capacity":  # the highest rate that held, as search.Search takes it
+        if self.inputs.objective == "capacity":  # the highest rate that held, as tune_search.Search takes it
             return float(outcome.rate or 0.0)
         return float(outcome.metrics.get("request_goodput") or 0.0)  # type: ignore[union-attr]
 

@@ -1,7 +1,7 @@
-"""What ordering one refinement ask's moves costs as a tune's measured trials grow (`search.refinement_order`).
+"""What ordering one refinement ask's moves costs as a tune's measured trials grow (`analysis.refinement_order`).
 
 `refinement_order` runs once per refinement ask and needs, per move, the latest pair of measured configurations that
-differ in that knob alone.  It groups the one-knob pairs once per call (`search.one_knob_pairs`: trials x knobs);
+differ in that knob alone.  It groups the one-knob pairs once per call (`analysis.one_knob_pairs`: trials x knobs);
 the baseline measured in the same run is the scan it replaced, every pair of trials compared per move.  A walk of
 single-knob moves over the vllm-ascend space stands in for a long tune's history (`--budget 1000`).
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dsctl.core.tune import search
+from dsctl.core.tune import analysis
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.space import SearchSpace, lone_difference, resolve_space
 
@@ -62,7 +62,7 @@ def baseline_order(space: SearchSpace, incumbent: TrialRecord, moves: Sequence[M
     for move in moves:
         name = space.moved_knob(base, move)
         assert name is not None
-        verdicts.append(search.move_evidence(name, base[name], move[name], {name: all_pairs(measured, name)}))
+        verdicts.append(analysis.move_evidence(name, base[name], move[name], {name: all_pairs(measured, name)}))
     return verdicts
 
 
@@ -79,13 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         # Timed: one whole ask as the search makes it (grouping, every move's evidence, the ordering itself)
         # against the baseline's evidence alone, so the ratio, if anything, understates the gain.
         began = time.perf_counter()
-        search.refinement_order(incumbent, incumbent.config, moves, measured, space.moved_knob, space.switches)
+        analysis.refinement_order(incumbent, incumbent.config, moves, measured, space.moved_knob, space.switches)
         fast = time.perf_counter() - began
         began = time.perf_counter()
         slow_verdicts = baseline_order(space, incumbent, moves, measured)
         slow = time.perf_counter() - began
-        pairs = search.one_knob_pairs(measured)  # the agreement check, outside both timers
-        grouped = [search.move_evidence(n, incumbent.config[n], m[n], pairs)
+        pairs = analysis.one_knob_pairs(measured)  # the agreement check, outside both timers
+        grouped = [analysis.move_evidence(n, incumbent.config[n], m[n], pairs)
                    for m in moves if (n := space.moved_knob(incumbent.config, m)) is not None]
         assert grouped == slow_verdicts, "the grouped pairs and the all-pairs scan disagree"
         print(f"{trials:>7} {len(moves):>6} {fast:>10.3f} {slow:>12.3f} {slow / fast:>6.0f}x")

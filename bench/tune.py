@@ -5,7 +5,7 @@ tables (on other hardware figures than the screens' model: landscape.MODEL_ERROR
 Every method samples the landscape's whole default space (not a pinned grid); a configuration outside the
 table is evaluated on demand, so the optimum is the best known over the table and every search.  Methods:
 
-* dsctl: `search.Search` with TPE and its refinement around the incumbent (search.py "Refinement"), the roofline
+* dsctl: `tune_search.Search` with TPE and its refinement around the incumbent (search.py "Refinement"), the roofline
   screen and the model screen, as `dsctl tune --simulate` runs it
   (the model screen bounded: screens.ModelScreen), over the space its quality model narrows (lossy knobs kept to
   the values whose predicted agreement passes the floor: screens.quality_narrowed);
@@ -45,8 +45,9 @@ from typing import Any
 from landscape import LANDSCAPES, MODEL_ERROR, Truth, describe
 
 from dsctl.core.tune import screens
-from dsctl.core.tune.search import Candidate, Outcome, Search, SearchSettings
+from dsctl.core.tune.search import Candidate, Outcome, SearchSettings
 from dsctl.services import tune
+from dsctl.services.tune_search import Search
 
 METHODS = ("dsctl", "random", "random+screen", "tpe", "grid")
 CHECKPOINTS = (10, 25, 50)

@@ -3,7 +3,8 @@
 On a terminal a live table redrawn by rich's own thread: each slot's host, instance, trial and stage (deploying,
 probing at R req/s, quality check, its last result), and above it trials done of the budget, running, crashed,
 and the best goodput so far.  Elsewhere (CI logs, pipes) one line per finished trial and per note.  The verb's
-records are ``dsctl_note``, ``dsctl_tune_slot`` and ``dsctl_tune_trial`` (dsctl.services.tune_live).
+records are ``dsctl_note``, ``dsctl_tune_trial`` (dsctl.services.tune_driver) and ``dsctl_tune_slot``
+(dsctl.services.tune_live).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from dsctl.services.tune import format_value
+from dsctl.services.tune_driver import format_value
 from dsctl.ui import stderr_console
 
 

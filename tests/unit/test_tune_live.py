@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from dsctl.adapters import state_files
+from dsctl.adapters import state_files, tune_artifacts
 from dsctl.core.load import generator_limit
-from dsctl.core.tune import search
+from dsctl.core.tune import analysis, search
 from dsctl.core.tune.pareto import TrialRecord
 from dsctl.core.tune.search import CRASHES, Failure
 from dsctl.errors import DsctlError, ExitStatus, UsageError
-from dsctl.services import tune_live, tune_result
+from dsctl.services import tune_driver, tune_live, tune_result, tune_search
 from tests.unit import test_tune_writeback
 
 # inference_service's failure line (roles/inference_service/tasks/rollout.yml), as deploy returns it.
@@ -124,15 +124,15 @@ def end_of_tune(tmp_path: Path, inventory: Path, plan: tune_live.LivePlan, *, wr
     winner = TrialRecord(number=3, controller="controller-0", config=config, params=plan.space.params(config),
                          fields=plan.space.fields(config), evaluated=True, feasible=True, objective=5.0, rate=4.0,
                          slo_values={"ttft:p99": 150.0})
-    found = search.SearchResult(trials=[winner], best=winner, counts=search.count([winner]), stopped="budget spent",
-                                study_name=tune_live.STUDY)
+    found = search.SearchResult(trials=[winner], best=winner, counts=analysis.count([winner]), stopped="budget spent",
+                                study_name=tune_driver.STUDY)
     return EndOfTune(inputs, plan, **script), found, {**winner.params, **winner.fields}
 
 
 @pytest.fixture(autouse=True)
 def _no_plot(monkeypatch):
     """The Pareto plot is pareto's to test; here it is a file."""
-    monkeypatch.setattr(tune_live.pareto, "plot", lambda _trials, path, **_kw: path.write_bytes(b"png") and path)
+    monkeypatch.setattr(tune_artifacts, "plot", lambda _trials, path, **_kw: path.write_bytes(b"png") and path)
 
 
 def test_the_winner_is_deployed_and_confirmed_before_it_is_written_back(tmp_path, inventory, sample_plan):
@@ -404,8 +404,8 @@ def test_the_search_never_ranks_a_trial_on_a_probe_the_load_generator_limited(tm
         tune.capacity = 3.0 if tune_live._same_config({**candidate.params, **candidate.fields}, base) else 20.0
         return tune._measure(sample_plan.slots[0], candidate)
 
-    found = search.Search(sample_plan.space, sample_plan.slos, evaluate, search.SearchSettings(budget=3, seed=0),
-                          baseline=sample_plan.baseline).run()
+    found = tune_search.Search(sample_plan.space, sample_plan.slos, evaluate, search.SearchSettings(budget=3, seed=0),
+                               baseline=sample_plan.baseline).run()
     evaluated = [t for t in found.trials if t.evaluated and t.duplicate_of is None]
     others = [t for t in evaluated if not tune_live._same_config({**t.params, **t.fields}, base)]
     assert len(evaluated) == 3 and len(others) == 2

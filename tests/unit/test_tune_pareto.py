@@ -6,7 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from dsctl.core.tune.pareto import TrialRecord, pareto_front, plot, read_trials, write_trials
+from dsctl.adapters.tune_artifacts import plot, read_trials, write_trials
+from dsctl.core.tune.pareto import TrialRecord, pareto_front
 
 
 def record(number: int, goodput: float | None, ttft: float | None, *, feasible: bool = True, npus: int = 4,

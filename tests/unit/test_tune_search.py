@@ -14,24 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from dsctl.adapters.study_journal import journal_storage
 from dsctl.core.tune import slo as slo_mod
+from dsctl.core.tune.analysis import best_trial, move_evidence, one_knob_pairs, refinement_order
 from dsctl.core.tune.pareto import TrialRecord
-from dsctl.core.tune.search import (
-    CRASHES,
-    Candidate,
-    Failure,
-    Outcome,
-    Search,
-    SearchSettings,
-    best_trial,
-    classify_failure,
-    journal_storage,
-    move_evidence,
-    one_knob_pairs,
-    refinement_order,
-)
+from dsctl.core.tune.search import CRASHES, Candidate, Failure, Outcome, SearchSettings, classify_failure
 from dsctl.core.tune.space import lone_difference, resolve_space
 from dsctl.errors import UsageError
+from dsctl.services.tune_search import Search
 
 SLOS = slo_mod.parse_slos(["ttft=200ms"])
 

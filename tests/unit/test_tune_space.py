@@ -8,7 +8,7 @@ import pytest
 
 from dsctl.core.serving import service
 from dsctl.core.tune import space as space_mod
-from dsctl.core.tune.search import distributions
+from dsctl.core.tune.optuna_study import distributions
 from dsctl.core.tune.space import parse_override, resolve_space
 from dsctl.errors import UsageError
 

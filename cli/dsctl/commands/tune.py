@@ -20,7 +20,7 @@ from dsctl import ui
 from dsctl.cli_options import AskVaultOption, LimitOption, VaultFileOption, app_context, bounded
 from dsctl.errors import UsageError
 from dsctl.services import tune as tune_verb
-from dsctl.services import tune_live
+from dsctl.services import tune_driver, tune_live
 from dsctl.services.estimate import weight_bytes
 from dsctl.services.inputs import (
     HOSTS,
@@ -77,11 +77,11 @@ def _status_cell(record: TrialRecord, best: TrialRecord | None) -> str:
 def _params_cell(result: TuneResult, record: TrialRecord) -> str:
     """Against a baseline (live: the service's own configuration), only what differs, so the row stays readable."""
     if result.baseline_config is None:
-        return tune_verb.config_text(record)
+        return tune_driver.config_text(record)
     baseline = result.baseline_config
     changed = {k: v for k, v in {**record.params, **record.fields}.items()
                if k not in baseline or not tune_live.same_value(v, baseline[k])}
-    return " ".join(f"{k}={tune_verb.format_value(v)}" for k, v in changed.items()) or "(baseline)"
+    return " ".join(f"{k}={tune_driver.format_value(v)}" for k, v in changed.items()) or "(baseline)"
 
 
 def _sustained_cell(record: TrialRecord) -> str:
@@ -116,7 +116,7 @@ def render(result: TuneResult) -> None:
     for note in result.space.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if result.best is not None:
-        console.print(f"best: trial {result.best.number}: {tune_verb.config_text(result.best)}"
+        console.print(f"best: trial {result.best.number}: {tune_driver.config_text(result.best)}"
                       + (f" at {result.best.rate:.3g} req/s" if result.best.rate is not None else ""), markup=False,
                       soft_wrap=True)
     line = tune_verb.capacity_line(result.best, result.baseline)
@@ -242,56 +242,23 @@ def run(
     (twice estimate's throughput bound) says "≥ ceiling (not measured above)"."""
     if objective is None:
         objective = "goodput" if rate is not None else "capacity"
-    tune_verb.check_run_dir(resume)
+    tune_driver.check_run_dir(resume)
+    study = {"slos": tuple(slo or ()), "run_dir": resume, "resume": resume is not None, "space": space,
+             "objective": objective, "seed": seed, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+             "requests": requests, "rate": rate, "params": tuple(param or ()), "screen": screen, "chip": chip}
     if simulate:
-        if inventory is not None:
-            raise UsageError("--simulate reads no inventory: drop INVENTORY, or drop --simulate to tune the fleet")
-        if model is None:
-            raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
-        instance = tune_verb.instance_npus(nodes=nodes, npus=npus, npus_per_node=npus_per_node, chip=chip)
-        bytes_per_parameter = weight_bytes(weights or "bf16")
-        if engine is None:
-            engine = "vllm-ascend" if nodes > 1 else "lab-engine"
-        inputs = tune_verb.TuneInputs(
-            model=model, chip=chip, slos=tuple(slo or ()), run_dir=Path("."), engine=engine, space=space,
-            objective=objective, budget=20 if budget is None else budget, slots=1 if slots is None else slots,
-            seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-            requests=requests, rate=rate, params=tuple(param or ()),
-            npus_per_instance=instance, max_model_len=max_model_len, resume=resume is not None, screen=screen,
-            nodes=nodes, window_s=tune_verb.TuneInputs.window_s if window is None else window,  # (its default)
-            weight_bytes=bytes_per_parameter)
-        tune_verb.prepare(inputs)  # bad options and impossible SLOs refused before a run directory is made
-        run_dir = tune_verb.new_run_dir(resume)
-        result: TuneResult = tune_verb.run(tune_verb.TuneInputs(**{**vars(inputs), "run_dir": run_dir}),
-                                    progress=_progress)
+        result: TuneResult = tune_verb.run(_simulated(
+            inventory, study, model=model, engine=engine, budget=budget, slots=slots, npus=npus, nodes=nodes,
+            npus_per_node=npus_per_node, weights=weights, max_model_len=max_model_len, window=window),
+            progress=_progress)
     else:
-        if inventory is None:
-            raise UsageError("give the INVENTORY whose service to tune, or --simulate --model M for a what-if study")
-        if nodes != 1:
-            raise UsageError(f"--nodes {nodes}: the live tune does not tune instances that span hosts yet (a trial "
-                             f"would occupy a whole host group); run --simulate --nodes {nodes} for the layout, or "
-                             f"drop --nodes")
-        if model is not None or npus is not None or max_model_len is not None:
-            raise UsageError("--model, --npus and --max-model-len are --simulate's: the live tune reads them from "
-                             "the service")
-        if weights is not None or npus_per_node is not None:
-            raise UsageError("--weights and --npus-per-node are --simulate's: the live tune reads them from the "
-                             "service")
-        live = tune_live.LiveTuneInputs(
-            inventory=inventory, slos=tuple(slo or ()), run_dir=Path("."), service=service, space=space,
-            objective=objective, budget=16 if budget is None else budget, seed=seed, prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens, requests=requests, rate=rate,
-            window_s=tune_live.LiveTuneInputs.window_s if window is None else window,  # (its default)
-            params=tuple(param or ()),
-            min_agreement=min_agreement, warmup=warmup, chip=chip, write_back=write_back, resume=resume is not None,
-            limit=limit, vault=vault_options(vault_password_file, ask_vault_pass), max_time_s=max_time,
-            screen=screen, max_slots=slots)
-        tune_live.prepare(live)  # bad options and impossible SLOs refused before a run directory is made
-        run_dir = tune_verb.new_run_dir(resume)
+        inputs = _live(inventory, study, model=model, npus=npus, nodes=nodes, npus_per_node=npus_per_node,
+                       weights=weights, max_model_len=max_model_len, service=service, budget=budget, slots=slots,
+                       window=window, min_agreement=min_agreement, warmup=warmup, write_back=write_back, limit=limit,
+                       vault=(vault_password_file, ask_vault_pass), max_time=max_time)
         context = app_context(ctx)
         with TuneProgress() as progress:
-            result = tune_live.run(context.runner, context.prober,
-                                   tune_live.LiveTuneInputs(**{**vars(live), "run_dir": run_dir}), progress)
+            result = tune_live.run(context.runner, context.prober, inputs, progress)
     code = int(result.exit_status)
     if as_json:
         ui.emit_json(["tune"], result.to_dict(), exit_code=code, errors=list(result.errors))
@@ -299,3 +266,47 @@ def run(
         render(result)
     if code:
         raise typer.Exit(code=code)
+
+
+def _simulated(inventory: Path | None, study: dict[str, Any], *, model: str | None, engine: str | None,
+               budget: int | None, slots: int | None, npus: int | None, nodes: int, npus_per_node: int | None,
+               weights: str | None, max_model_len: int | None, window: float | None) -> tune_verb.TuneInputs:
+    """--simulate's inputs (``study``: the options both modes take); its refusals, one line each."""
+    if inventory is not None:
+        raise UsageError("--simulate reads no inventory: drop INVENTORY, or drop --simulate to tune the fleet")
+    if model is None:
+        raise UsageError("--model is required with --simulate, e.g. --model r1-7b")
+    chip = study["chip"]
+    return tune_verb.TuneInputs(
+        model=model, engine=engine or ("vllm-ascend" if nodes > 1 else "lab-engine"),
+        budget=20 if budget is None else budget, slots=1 if slots is None else slots, max_model_len=max_model_len,
+        nodes=nodes,
+        npus_per_instance=tune_verb.instance_npus(nodes=nodes, npus=npus, npus_per_node=npus_per_node, chip=chip),
+        window_s=tune_verb.TuneInputs.window_s if window is None else window,  # (its default)
+        weight_bytes=weight_bytes(weights or "bf16"), **study)
+
+
+def _live(inventory: Path | None, study: dict[str, Any], *, model: str | None, npus: int | None, nodes: int,
+          npus_per_node: int | None, weights: str | None, max_model_len: int | None, service: str | None,
+          budget: int | None, slots: int | None, window: float | None, min_agreement: float, warmup: int,
+          write_back: bool, limit: str | None, vault: tuple[Path | None, bool], max_time: float | None
+          ) -> tune_live.LiveTuneInputs:
+    """The live tune's inputs (``study``: the options both modes take); its refusals (among them --simulate's
+    options, which the live tune reads from the service), one line each."""
+    if inventory is None:
+        raise UsageError("give the INVENTORY whose service to tune, or --simulate --model M for a what-if study")
+    if nodes != 1:
+        raise UsageError(f"--nodes {nodes}: the live tune does not tune instances that span hosts yet (a trial "
+                         f"would occupy a whole host group); run --simulate --nodes {nodes} for the layout, or "
+                         f"drop --nodes")
+    if model is not None or npus is not None or max_model_len is not None:
+        raise UsageError("--model, --npus and --max-model-len are --simulate's: the live tune reads them from "
+                         "the service")
+    if weights is not None or npus_per_node is not None:
+        raise UsageError("--weights and --npus-per-node are --simulate's: the live tune reads them from the "
+                         "service")
+    return tune_live.LiveTuneInputs(
+        inventory=inventory, service=service, budget=16 if budget is None else budget,
+        window_s=tune_live.LiveTuneInputs.window_s if window is None else window,  # (its default)
+        min_agreement=min_agreement, warmup=warmup, write_back=write_back, limit=limit,
+        vault=vault_options(*vault), max_time_s=max_time, max_slots=slots, **study)

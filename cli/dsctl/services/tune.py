@@ -1,8 +1,9 @@
 """The tune verb, ``--simulate``: search an engine's parameters against SLOs on the offline evaluator.
 
 The recipe is dsctl.core.tune's (its ``__init__`` shows it): parse the SLOs, resolve the space (``--param``
-overrides), refuse a physically impossible SLO before any evaluation (`screens.impossible`, exit 6), run the
-`search.Search` driver with the roofline screen, write ``trials.jsonl`` and ``pareto.png`` in the run directory.
+overrides), refuse a physically impossible SLO before any evaluation (`screens.impossible`, exit 6), then the one
+tune driver (`dsctl.services.tune_driver.drive`, as the live tune) runs the study on `SimulatedTrials` with the
+roofline and model screens and writes ``trials.jsonl`` and ``pareto.png`` in the run directory.
 The evaluator is the engine's own offline model: a candidate's engine parameters become an
 `engine_config.EngineConfig` and `dsctl.core.perf.evaluate.evaluate` runs it on the same requests ``dsctl probe``
 would send.  A configuration the engine's start-up plan refuses (``StartupFailure``: torch_npu's out-of-memory
@@ -32,40 +33,33 @@ evaluation; bad inputs raise UsageError (exit 2).  The study journal (``study.jo
 (``resume=True`` on the same run directory with the same space, SLOs and objective): finished trials are kept and
 not evaluated again.
 
-Progress records: ``dsctl_note`` (``msg``), ``dsctl_tune_trial`` per trial started or told (``phase``, ``number``,
-``config``, ``status``, ``objective``, ``evaluated``, ``crashed``, ``feasible``, ``budget``, ``best``).
+Progress records: the driver's (``dsctl_note``, ``dsctl_tune_trial``; `dsctl.services.tune_driver`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsctl.adapters import output_paths
-from dsctl.adapters.ansible_run import new_artifacts_dir, runs_dir
 from dsctl.core.load import arrivals, limits
 from dsctl.core.load.workload import LengthSpec, Workload
 from dsctl.core.perf import engine_config, evaluate, perfmodel
 from dsctl.core.perf.engine_config import CONTINUOUS, FIXED_BATCH, EngineConfig
 from dsctl.core.perf.estimate import WEIGHT_FORMATS
-from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
+from dsctl.core.tune import capacity, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
-from dsctl.core.tune.search import Candidate, Failure, Outcome
+from dsctl.core.tune.search import Candidate, Failure, Outcome, SearchResult, SearchSettings
 from dsctl.errors import DsctlError, ExitStatus, UsageError
+from dsctl.services import tune_driver
 from dsctl.services.ports import ProgressSink, no_progress
+from dsctl.services.tune_driver import MAX_REQUESTS, StudyPlan, length, shortest
 from dsctl.services.tune_result import TuneResult, capacity_figure
 
 ENGINES = ("lab-engine", "vllm-ascend")
-STUDY = "dsctl-tune"
-JOURNAL = "study.journal"
-TRIALS = "trials.jsonl"
-PLOT = "pareto.png"
-MAX_REQUESTS = 5000  # per probe: a simulated run of 1000 requests takes ~0.7 s
 MAX_BUDGET = 1000
 # Rate search bounds (req/s): the lowest rate worth reporting and, without an estimate's bound (capacity.rate_ceiling),
 # a ceiling; the first probe at START_RATE, doubling or halving from there, then bisection to RATE_TOLERANCE.
@@ -86,7 +80,7 @@ class TuneInputs:
     model: str
     chip: str
     slos: tuple[str, ...]  # --slo values, e.g. ("ttft=200ms", "tpot:p90=50ms")
-    run_dir: Path  # holds study.journal, trials.jsonl, pareto.png
+    run_dir: Path | None  # holds study.journal, trials.jsonl, pareto.png; None: a new one, once the inputs are checked
     engine: str = "lab-engine"
     space: str | None = None  # default: the engine's (tune_spaces.yaml default_for)
     objective: str = "capacity"
@@ -117,26 +111,6 @@ class TuneInputs:
         return self.npus_per_instance // max(1, self.nodes)
 
 
-def sample_rule(slos: tuple[slo.Slo, ...]) -> dict[str, Any]:
-    """The sizing rule a run's probes follow, for result.json."""
-    return {"measured_at_least": capacity.required_samples(slos), "tail_samples": capacity.TAIL_SAMPLES,
-            "warmup_share": capacity.WARMUP_SHARE, "min_warmup": capacity.MIN_WARMUP,
-            "throughput_slack": capacity.THROUGHPUT_SLACK, "growth_factor": capacity.GROWTH_FACTOR,
-            "growth_slack_requests": capacity.GROWTH_SLACK_REQUESTS}
-
-
-def _length(text: str, option: str) -> LengthSpec:
-    try:
-        return LengthSpec.parse(text, option)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _shortest(spec: LengthSpec) -> int:
-    """The fewest tokens a request of ``spec`` has: the impossibility screen must hold for every request."""
-    return int(spec.a) if spec.kind in ("fixed", "uniform") else 1
-
-
 def _longest(spec: LengthSpec) -> int:
     """The most tokens a request of ``spec`` has (a normal spec: three standard deviations above its mean)."""
     if spec.kind == "uniform":
@@ -149,16 +123,9 @@ def _longest(spec: LengthSpec) -> int:
 def _check(inputs: TuneInputs) -> None:
     if inputs.engine not in ENGINES:
         raise UsageError(f"--engine {inputs.engine!r}: --simulate models {' or '.join(ENGINES)}")
-    if inputs.requests is not None and not 1 <= inputs.requests <= MAX_REQUESTS:
-        raise UsageError(f"--requests must be in 1..{MAX_REQUESTS}, got {inputs.requests}")
-    if inputs.objective == "capacity" and inputs.rate is not None:
-        raise UsageError("--objective capacity searches the rate: drop --rate, or score a fixed load with "
-                         "--objective goodput")
-    capacity.check_window(inputs.window_s)
-    if not 1 <= inputs.budget <= MAX_BUDGET:
-        raise UsageError(f"--budget must be in 1..{MAX_BUDGET}, got {inputs.budget}")
-    if inputs.rate is not None and not 0 < inputs.rate <= MAX_RATE:
-        raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
+    tune_driver.check_inputs(inputs, SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
+                                                    objective=inputs.objective),
+                             max_budget=MAX_BUDGET, unit="", max_rate=MAX_RATE, slots=inputs.slots)
     if inputs.npus_per_instance < 1:
         raise UsageError(f"--npus must be at least 1, got {inputs.npus_per_instance}")
     if inputs.nodes < 1:
@@ -178,13 +145,6 @@ def _check(inputs: TuneInputs) -> None:
         if inputs.npus_per_node > host:
             raise UsageError(f"--nodes {inputs.nodes}: {inputs.npus_per_node} NPUs per host, but a {inputs.chip} host "
                              f"holds {host}; use more --nodes or fewer --npus")
-    if inputs.slots < 1:
-        raise UsageError(f"--slots must be at least 1, got {inputs.slots}")
-    if inputs.screen not in SCREENS:
-        raise UsageError(f"--screen {inputs.screen!r}: use model, roofline or none")
-    # The search's own checks (--objective ...), here: before any run directory, trial or host.
-    search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
-                          objective=inputs.objective).check()
     if inputs.max_model_len is not None:  # the engine refuses a context longer than the model's (vLLM: max_model_len)
         context = perfmodel.model_by_name(inputs.model).max_model_len
         try:  # one prompt token and one output token at least; at most the model's context
@@ -213,8 +173,8 @@ def resolve(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSp
         raise UsageError(f"--param {expert.source.removeprefix('--param ') or 'enable_expert_parallel'}: "
                          f"{inputs.model} is a dense model (no routed experts in dsctl/data/profiles.yaml), so there "
                          f"are no experts to shard; drop enable_expert_parallel")
-    workload = Workload(_length(inputs.prompt_tokens, "--prompt-tokens"),
-                        _length(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
+    workload = Workload(length(inputs.prompt_tokens, "--prompt-tokens"),
+                        length(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
     return slos, space, workload
 
 
@@ -353,7 +313,7 @@ def simulator(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.Se
 def rate_ceiling(inputs: TuneInputs, workload: Workload, space: space_mod.SearchSpace | None = None) -> float:
     """The rate search's upper end: `capacity.rate_ceiling` of estimate's throughput bound for the workload's
     shortest requests (an upper bound for every configuration), `MAX_RATE` when estimate has none."""
-    prompt, output = _shortest(workload.prompt_len), _shortest(workload.output_len)
+    prompt, output = shortest(workload.prompt_len), shortest(workload.output_len)
     if inputs.nodes == 1:  # as it always was: one TP group of the instance's NPUs
         bound = capacity.throughput_bound(chip=inputs.chip, model=inputs.model, prompt_tokens=prompt,
                                           output_tokens=output, npus=inputs.npus_per_instance,
@@ -417,7 +377,6 @@ def _weights_name(weight_bytes: float) -> str:
     return WEIGHTS_NAMES.get(weight_bytes, f"{weight_bytes:g} B/param")
 
 
-SCREENS = ("model", "roofline", "none")
 MODEL_REQUESTS = 50  # requests of one model prediction (virtual time: well under a second)
 MODEL_BURST_REQUESTS = 64  # the most requests of the memory check's step at full concurrency (screens.UnderLoad)
 BURST_RATE = 1e6  # req/s: "at once"
@@ -448,19 +407,22 @@ def model_predictor(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_
     return predict
 
 
-def build_screen(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace, workload: Workload
+def build_screen(inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace, workload: Workload,
+                 *, min_agreement: float | None = None
                  ) -> tuple[search.Screen | None, screens.ModelScreen | None]:
-    """The screen of a --simulate run (``inputs.screen``: the roofline, then the model; the roofline alone; none)
-    and its model screen, whose counts a caller may read (bench/tune.py builds the same screen with it)."""
+    """The screen of a run (``inputs.screen``: the roofline, then the model; the roofline alone; none) and its model
+    screen, whose counts a caller may read (bench/tune.py builds the same screen with it).  The live tune screens
+    with it too, on the ``inputs`` of its service's model (``min_agreement``: its quality floor)."""
     if inputs.screen == "none":
         return None, None
-    roofline = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=_shortest(
-        workload.prompt_len), output_tokens=_shortest(workload.output_len), slos=slos,
+    roofline = screens.roofline_screen(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest(
+        workload.prompt_len), output_tokens=shortest(workload.output_len), slos=slos,
         npus_per_instance=inputs.npus_per_instance, weight_bytes=inputs.weight_bytes)
     if inputs.screen != "model":
         return roofline, None
+    floor = quality.DEFAULT_MIN_AGREEMENT if min_agreement is None else min_agreement
     model = screens.model_screen(model_predictor(inputs, slos, space, workload), slos, budget=inputs.budget,
-                                 agreement_of=model_agreement(inputs, space),
+                                 min_agreement=floor, agreement_of=model_agreement(inputs, space),
                                  memory_check=model_memory(inputs, space, workload))
     return screens.combined(roofline, model), model
 
@@ -520,31 +482,10 @@ def agreement(config: EngineConfig) -> float:
     return 1.0 - perfmodel.divergence_probability(perfmodel.kv_keep_fraction(config.kv_sparse_threshold))
 
 
-def _status(record: TrialRecord) -> str:
-    return "feasible" if record.feasible else (record.failure or "running")
-
-
-def check_run_dir(resume: Path | None) -> None:
-    """The run directory of a tune, simulated or live (``resume``: an earlier one to continue, else a new one under
-    $XDG_STATE_HOME/dsctl/runs): it holds the journal, trials.jsonl and pareto.png, so it must be writable before the
-    first trial.  UsageError naming the option."""
-    if resume is not None and not resume.is_dir():
-        raise UsageError(f"--resume {resume}: no such run directory; give the directory an earlier tune printed")
-    if resume is not None:
-        output_paths.check_dir("--resume", resume)
-    else:
-        output_paths.check_dir("run directory ($XDG_STATE_HOME/dsctl/runs)", runs_dir())
-
-
-def new_run_dir(resume: Path | None) -> Path:
-    """``resume``, or a new run directory (once the inputs are checked: `prepare`)."""
-    return resume if resume is not None else new_artifacts_dir("tune")
-
-
 def prepare(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSpace, Workload]:
     """`resolve`, then refuse an SLO no configuration can meet (DsctlError, exit 6, with the bound); no I/O."""
     slos, space, workload = resolve(inputs)
-    shortest_prompt, shortest_output = _shortest(workload.prompt_len), _shortest(workload.output_len)
+    shortest_prompt, shortest_output = shortest(workload.prompt_len), shortest(workload.output_len)
     reason = screens.impossible(chip=inputs.chip, model=inputs.model, prompt_tokens=shortest_prompt,
                                 output_tokens=shortest_output, slos=slos, npus_per_instance=inputs.npus_per_instance,
                                 weight_bytes=inputs.weight_bytes)
@@ -556,74 +497,80 @@ def prepare(inputs: TuneInputs) -> tuple[tuple[slo.Slo, ...], space_mod.SearchSp
 
 
 def run(inputs: TuneInputs, *, progress: ProgressSink = no_progress) -> TuneResult:
+    """`dsctl tune --simulate`: `prepare` (every refusal before a run directory is made), then the one tune driver
+    on the offline engine model."""
     slos, space, workload = prepare(inputs)
-    space, narrowed = quality_narrowed(inputs, space)
-    run_dir = inputs.run_dir
-    journal = run_dir / JOURNAL
-    if inputs.resume and not journal.is_file():
-        raise UsageError(f"--resume {run_dir}: no {JOURNAL} there; give the run directory of an earlier tune")
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    where = inputs.chip if inputs.nodes == 1 else (f"{inputs.nodes} hosts x {inputs.npus_per_node} {inputs.chip} "
-                                                   f"(one instance of {inputs.npus_per_instance} NPUs)")
-    progress({"event": "dsctl_note", "msg": f"tuning {space.name} ({', '.join(space.names)}) for "
-                                            f"{', '.join(s.label for s in slos)}: {inputs.model} on {where}, "
-                                            f"simulated; budget {inputs.budget}; run directory {run_dir}"})
-    for note in narrowed:
-        progress({"event": "dsctl_note", "msg": note})
-    best: list[TrialRecord] = []
+    inputs = dataclasses.replace(inputs, run_dir=tune_driver.run_dir_for(inputs.run_dir))
+    return tune_driver.drive(SimulatedTrials(inputs, slos, space, workload), progress)
 
-    def on_event(phase: str, record: TrialRecord) -> None:
-        counts = {}
-        if phase == "told":
-            counts, incumbent = search.standing(driver.result().trials)
-            best[:] = [incumbent] if incumbent is not None else []
-        progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
-                  "status": _status(record) if phase == "told" else "running", "objective": record.objective,
-                  "detail": record.detail, "evaluated": counts.get("evaluated"), "crashed": counts.get("crashed"),
-                  "feasible": counts.get("feasible"), "budget": inputs.budget,
-                  "best": best[0].objective if best else None})
 
-    screen, _ = build_screen(inputs, slos, space, workload)
-    driver = search.Search(space, slos, simulator(inputs, slos, space, workload),
-                           search.SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
+class SimulatedTrials:
+    """The tune driver's port on dsctl's offline engine model (`simulator`): nothing restarts, nothing to restore."""
+
+    def __init__(self, inputs: TuneInputs, slos: tuple[slo.Slo, ...], space: space_mod.SearchSpace,
+                 workload: Workload):
+        self.space, self.narrowed = quality_narrowed(inputs, space)  # the space searched
+        self.inputs, self.slos, self.workload = inputs, slos, workload
+        self._evaluate = simulator(inputs, slos, self.space, workload)
+
+    @property
+    def study(self) -> StudyPlan:
+        inputs = self.inputs
+        return StudyPlan(run_dir=inputs.run_dir, resume=inputs.resume, budget=inputs.budget, slos=self.slos,
+                         settings=SearchSettings(budget=inputs.budget, slots=inputs.slots, seed=inputs.seed,
                                                  objective=inputs.objective,
                                                  npus_per_instance=inputs.npus_per_instance),
-                           storage=search.journal_storage(journal), study_name=STUDY, resume=inputs.resume,
-                           screen=screen, context={"simulated": True, "model": inputs.model, "chip": inputs.chip},
-                           on_event=on_event)
-    started = time.monotonic()
-    result = driver.run()
-    trials_path = pareto.write_trials(result.trials, run_dir / TRIALS)
-    first = slos[0]
-    plot_path = pareto.plot(result.trials, run_dir / PLOT, winner=result.best, slo_key=first.key,
-                            slo_bound=first.bound if first.statistic is not None else None,
-                            title=f"dsctl tune --simulate {inputs.model} on {inputs.chip}")
-    errors: tuple[str, ...] = ()
-    status = ExitStatus.OK
-    if result.best is None:
-        status = ExitStatus.SLO_NOT_MET
-        errors = (_nothing_met(result),)
-    layout = None  # shown when the layout was searched (a multi-host instance, or TP / DP among the knobs)
-    if result.best is not None and (inputs.nodes > 1 or any(knob.parallel for knob in space.knobs)):
-        layout = layout_of(inputs, result.best, space)
-    hardware = (f"{inputs.npus_per_instance} x {inputs.chip} over {inputs.nodes} hosts" if inputs.nodes > 1
-                else inputs.chip)
-    weights = "" if inputs.weight_bytes == 2.0 else f", {WEIGHTS_NAMES[inputs.weight_bytes]} weights"
-    return TuneResult(
-        mode="simulate", subject=f"{inputs.model} on {hardware} ({inputs.engine}, space {space.name}{weights})",
-        space=space, trials=tuple(result.trials), best=result.best, closest=result.closest, counts=result.counts,
-        stopped=result.stopped, trials_path=trials_path, plot_path=plot_path, exit_status=status, errors=errors,
-        wall_s=time.monotonic() - started, layout=layout, inputs=_echo(inputs, slos))
+                         context={"simulated": True, "model": inputs.model, "chip": inputs.chip})
 
+    def opening(self) -> Sequence[str]:
+        inputs, space = self.inputs, self.space
+        where = inputs.chip if inputs.nodes == 1 else (f"{inputs.nodes} hosts x {inputs.npus_per_node} {inputs.chip} "
+                                                       f"(one instance of {inputs.npus_per_instance} NPUs)")
+        return [f"tuning {space.name} ({', '.join(space.names)}) for {', '.join(s.label for s in self.slos)}: "
+                f"{inputs.model} on {where}, simulated; budget {inputs.budget}; run directory {inputs.run_dir}"]
 
-def _echo(inputs: TuneInputs, slos: tuple[slo.Slo, ...]) -> dict[str, Any]:
-    """A simulated run's inputs, for result.json and --json."""
-    return {"model": inputs.model, "chip": inputs.chip, "engine": inputs.engine, "npus": inputs.npus_per_instance,
-            "nodes": inputs.nodes, "npus_per_node": inputs.npus_per_node, "weights": _weights_name(inputs.weight_bytes),
-            "slos": [s.to_dict() for s in slos], "objective": inputs.objective, "budget": inputs.budget,
-            "seed": inputs.seed, "rate": inputs.rate, "prompt_tokens": inputs.prompt_tokens,
-            "output_tokens": inputs.output_tokens, "requests": inputs.requests, "window_s": inputs.window_s,
-            "sample_rule": sample_rule(slos), "run_dir": str(inputs.run_dir)}
+    def screening(self) -> tuple[space_mod.SearchSpace, search.Screen | None, Sequence[str]]:
+        screen, _ = build_screen(self.inputs, self.slos, self.space, self.workload)
+        return self.space, screen, self.narrowed
+
+    def begin(self) -> None:
+        pass
+
+    def evaluate(self, candidate: Candidate) -> Outcome:
+        return self._evaluate(candidate)
+
+    def event_fields(self, record: TrialRecord) -> Mapping[str, Any]:
+        return {}
+
+    def told(self, record: TrialRecord, incumbent: TrialRecord | None) -> None:
+        pass
+
+    def interrupted(self) -> None:
+        pass  # nothing ran but this process: Ctrl-C goes on (exit 130); the journal keeps what was measured
+
+    def conclude(self, found: SearchResult, started: float) -> TuneResult:
+        inputs, space = self.inputs, self.space
+        paths = tune_driver.artifacts(found.trials, inputs.run_dir, winner=found.best, slos=self.slos,
+                                      title=f"dsctl tune --simulate {inputs.model} on {inputs.chip}")
+        errors: tuple[str, ...] = ()
+        status = ExitStatus.OK
+        if found.best is None:
+            status = ExitStatus.SLO_NOT_MET
+            errors = (tune_driver.nothing_met(found),)
+        layout = None  # shown when the layout was searched (a multi-host instance, or TP / DP among the knobs)
+        if found.best is not None and (inputs.nodes > 1 or any(knob.parallel for knob in space.knobs)):
+            layout = layout_of(inputs, found.best, space)
+        hardware = (f"{inputs.npus_per_instance} x {inputs.chip} over {inputs.nodes} hosts" if inputs.nodes > 1
+                    else inputs.chip)
+        weights = "" if inputs.weight_bytes == 2.0 else f", {WEIGHTS_NAMES[inputs.weight_bytes]} weights"
+        return tune_driver.result(
+            found, mode="simulate", subject=f"{inputs.model} on {hardware} ({inputs.engine}, space {space.name}"
+                                            f"{weights})", space=space, best=found.best, paths=paths,
+            exit_status=status, errors=errors, started=started, layout=layout,
+            inputs=tune_driver.echo(inputs, self.slos, {
+                "model": inputs.model, "chip": inputs.chip, "engine": inputs.engine, "npus": inputs.npus_per_instance,
+                "nodes": inputs.nodes, "npus_per_node": inputs.npus_per_node,
+                "weights": _weights_name(inputs.weight_bytes)}))
 
 
 def rate_text(figure: dict[str, Any]) -> str:
@@ -651,30 +598,3 @@ def capacity_line(best: TrialRecord | None, baseline: TrialRecord | None = None)
     elif base is not None:
         line += " (the baseline)"
     return line
-
-
-def config_text(record: TrialRecord) -> str:
-    return " ".join(f"{k}={format_value(v)}" for k, v in {**record.params, **record.fields}.items())
-
-
-def format_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _nothing_met(result: search.SearchResult) -> str:
-    closest = result.closest
-    counts = result.counts
-    if closest is None and not counts["evaluated"] and counts["screened"]:
-        first = next(t for t in result.trials if t.failure == search.Failure.SCREENED)
-        return (f"no configuration met the SLO: all {counts['screened']} candidates were screened out before a "
-                f"restart (e.g. trial {first.number}: {first.detail}); relax the SLO or the load, or pass --screen "
-                "roofline to measure them anyway")
-    if closest is None:
-        return (f"no configuration met the SLO: all {counts['evaluated']} evaluated crashed "
-                f"({', '.join(f'{counts[f.value]} {f.value}' for f in search.CRASHES if counts[f.value])}); "
-                "narrow the space with --param")
-    at = f" at {closest.rate:.3g} req/s" if closest.rate is not None else ""
-    return (f"no configuration met the SLO; closest: trial {closest.number} ({config_text(closest)}){at}, "
-            f"binding {closest.binding}: {closest.detail}")

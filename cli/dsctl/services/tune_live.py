@@ -9,7 +9,8 @@ The recipe (dsctl.core.tune's, as ``--simulate`` runs it, with the fleet as the 
 2. Baseline: ``dsctl deploy`` of the inventory's configuration for the service's instances (nothing restarts
    when they already run it).  That is the pre-tune state every exit path returns to unless a winner replaces
    it.  When the space has a lossy knob, the baseline's greedy outputs on `quality.PROMPTS` are kept.
-3. The search (`search.Search`, Optuna TPE with constraints, journal storage for ``--resume``): the baseline
+3. The search (the one tune driver, `dsctl.services.tune_driver`, as ``--simulate`` runs it: Optuna TPE with
+   constraints, journal storage for ``--resume``; `LiveTune` is its port on the fleet): the baseline
    configuration is the first trial; every candidate is checked against the space's dependencies and screened
    with the roofline before any restart.  A trial on slot *i*: deploy the candidate to that one instance through
    deploy's health gate (``--instance``, parameter overrides: the same templates as ``dsctl deploy``; a failed
@@ -37,42 +38,41 @@ What has only run on the lab: all of it (the lab's stand-in vllm is dsctl's emul
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import posixpath
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsctl.adapters import completions, writeback
+from dsctl.adapters import completions, tune_artifacts, writeback
 from dsctl.adapters.ansible_run import PlaybookError
 from dsctl.adapters.inventory import VaultOptions
 from dsctl.core.inventory.deploy_plan import PlannedInstance, plan_deploy
 from dsctl.core.load import generator_limit
-from dsctl.core.load.workload import LengthSpec
+from dsctl.core.load.workload import Workload
 from dsctl.core.perf import perfmodel
 from dsctl.core.serving.service_render import instance_env
-from dsctl.core.tune import capacity, pareto, quality, rate_search, screens, search, slo
+from dsctl.core.tune import analysis, capacity, quality, rate_search, screens, search, slo
 from dsctl.core.tune import space as space_mod
 from dsctl.core.tune.pareto import TrialRecord
-from dsctl.core.tune.search import Candidate, Failure, Outcome
+from dsctl.core.tune.search import Candidate, Failure, Outcome, SearchResult, SearchSettings
 from dsctl.errors import DsctlError, ExitStatus, UsageError
 from dsctl.services import deploy as deploy_verb
 from dsctl.services import probe as probe_verb
 from dsctl.services import tune as tune_sim
+from dsctl.services import tune_driver
 from dsctl.services.fleet import Fleet, load_fleet
 from dsctl.services.ports import PlaybookRunner, Prober, ProgressSink, no_progress
-from dsctl.services.tune import config_text
+from dsctl.services.tune_driver import MAX_REQUESTS, RESULT, StudyPlan, config_text, length, shortest
 from dsctl.services.tune_result import Deployment, TuneResult, Verification
 
-STUDY = "dsctl-tune"
-JOURNAL, TRIALS, PLOT, RESULT = "study.journal", "trials.jsonl", "pareto.png", "result.json"
 MAX_BUDGET = 200  # restarts: each one is a real engine start on a real instance
-MAX_REQUESTS = 5000  # per probe (warm-up + measured; beyond it the probe is marked undersized)
 # Rate search (req/s of one instance): first probe at START_RATE, doubling or halving, then bisection to
 # RATE_TOLERANCE; RATE_PROBES bounds the probes of one trial.
 MIN_RATE, MAX_RATE, START_RATE, RATE_TOLERANCE, RATE_PROBES = 0.1, 512.0, 4.0, 0.15, 8
@@ -80,6 +80,7 @@ PROBE_TIMEOUT_S = 120.0  # per request; a probe is bounded by its request count 
 PROBE_MAX_S = 300.0  # modelled s: a probe at a low rate sends for at most this long (then marked undersized)
 QUALITY_TOKENS = 64
 LOG_LINES = 40
+RESTORED = "the instances run the inventory's configuration again"  # what a tune without a winner leaves
 STOP_WAIT_S = 120.0  # after Ctrl-C: how long the running trials get to stop before the restore starts
 LOG_PLAYBOOK = "service_log.yml"
 LOG_FACT = "dsctl_service_log_tail"
@@ -89,7 +90,7 @@ LOG_FACT = "dsctl_service_log_tail"
 class LiveTuneInputs:
     inventory: Path
     slos: tuple[str, ...]  # --slo values
-    run_dir: Path
+    run_dir: Path | None  # None: a new one, once the inputs and the fleet are checked
     service: str | None = None  # default: the inventory's only service
     space: str | None = None  # default: the engine's
     objective: str = "capacity"
@@ -109,7 +110,7 @@ class LiveTuneInputs:
     limit: str | None = None
     vault: VaultOptions | None = None
     max_time_s: float | None = None  # stop starting trials after this
-    screen: str = "model"  # as --simulate's (services.tune.SCREENS)
+    screen: str = "model"  # as --simulate's (services.tune_driver.SCREENS)
     max_slots: int | None = None  # at most this many instances are trial slots (None: all)
 
 
@@ -154,27 +155,14 @@ class LivePlan:
 
 
 def _check(inputs: LiveTuneInputs) -> None:
-    if not 1 <= inputs.budget <= MAX_BUDGET:
-        raise UsageError(f"--budget must be in 1..{MAX_BUDGET} restarts, got {inputs.budget}")
-    if inputs.requests is not None and not 1 <= inputs.requests <= MAX_REQUESTS:
-        raise UsageError(f"--requests must be in 1..{MAX_REQUESTS}, got {inputs.requests}")
-    if inputs.objective == "capacity" and inputs.rate is not None:
-        raise UsageError("--objective capacity searches the rate: drop --rate, or score a fixed load with "
-                         "--objective goodput")
-    if inputs.rate is not None and not 0 < inputs.rate <= MAX_RATE:
-        raise UsageError(f"--rate must be in (0, {MAX_RATE:g}] req/s, got {inputs.rate:g}")
     if not 0 <= inputs.warmup <= 100:
         raise UsageError(f"--warmup must be in 0..100 requests, got {inputs.warmup}")
-    capacity.check_window(inputs.window_s)
-    if inputs.max_slots is not None and inputs.max_slots < 1:
-        raise UsageError(f"--slots must be at least 1, got {inputs.max_slots}")
-    if inputs.screen not in tune_sim.SCREENS:
-        raise UsageError(f"--screen {inputs.screen!r}: use model, roofline or none")
     if inputs.max_time_s is not None and not inputs.max_time_s > 0:
         raise UsageError(f"--max-time must be a positive number of seconds, got {inputs.max_time_s:g}")
-    # The search's own checks (--objective, --min-agreement), here: before the fleet is read or contacted.
-    search.SearchSettings(budget=inputs.budget, seed=inputs.seed, objective=inputs.objective,
-                          min_agreement=inputs.min_agreement).check()
+    # before the fleet is read or contacted
+    tune_driver.check_inputs(inputs, SearchSettings(budget=inputs.budget, seed=inputs.seed, objective=inputs.objective,
+                                                    min_agreement=inputs.min_agreement),
+                             max_budget=MAX_BUDGET, unit=" restarts", max_rate=MAX_RATE, slots=inputs.max_slots)
 
 
 def _profile(*names: str) -> str | None:
@@ -186,14 +174,6 @@ def _profile(*names: str) -> str | None:
             except UsageError:
                 continue
     return None
-
-
-def _shortest(text: str, option: str) -> int:
-    try:
-        spec = LengthSpec.parse(text, option)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return int(spec.a) if spec.kind in ("fixed", "uniform") else 1
 
 
 def prepare(inputs: LiveTuneInputs) -> LivePlan:
@@ -238,8 +218,8 @@ def prepare(inputs: LiveTuneInputs) -> LivePlan:
                                     overrides=inputs.params)
     if space.engine != spec.engine:
         raise UsageError(f"--space {space_name}: it tunes {space.engine}, but service {name} runs {spec.engine}")
-    shortest_prompt = _shortest(inputs.prompt_tokens, "--prompt-tokens")
-    shortest_output = _shortest(inputs.output_tokens, "--output-tokens")
+    shortest_prompt = shortest(length(inputs.prompt_tokens, "--prompt-tokens"))
+    shortest_output = shortest(length(inputs.output_tokens, "--output-tokens"))
     profile = _profile(spec.model, spec.served_model_name or "")
     try:
         perfmodel.chip_by_name(inputs.chip)
@@ -340,7 +320,7 @@ class LiveTune:
         self.host_locks = {slot.host: threading.Lock() for slot in plan.instances}
         self.baseline_outputs: list[str] | None = None
         self.goodput = slo.goodput_slos(plan.slos)  # typed, to the probe: each bound judged at its statistic
-        self.incumbent: TrialRecord | None = None  # the run's best trial so far (run's on_event keeps it)
+        self.incumbent: TrialRecord | None = None  # the run's best trial so far (the driver tells it: `told`)
         # the inventory's own configuration as trial overrides (the baseline trial's, and the end's fallback)
         self.baseline_config: dict[str, Any] | None = None if not plan.baseline else {
             **plan.space.params(plan.baseline), **plan.space.fields(plan.baseline)}
@@ -529,9 +509,47 @@ class LiveTune:
                                               npus=self.plan.space.npus_per_instance or 1)
         return capacity.rate_ceiling(bound, fallback=MAX_RATE)
 
-    # ------------------------------------------------------------------ the whole run
+    # ------------------------------------------------------------------ the driver's port (tune_driver.TrialPort)
 
-    def baseline(self) -> None:
+    @property
+    def study(self) -> StudyPlan:
+        inputs, plan = self.inputs, self.plan
+        return StudyPlan(run_dir=inputs.run_dir, resume=inputs.resume, budget=inputs.budget, slos=plan.slos,
+                         settings=SearchSettings(budget=inputs.budget, slots=len(plan.slots), seed=inputs.seed,
+                                                 objective=inputs.objective, min_agreement=inputs.min_agreement,
+                                                 npus_per_instance=plan.space.npus_per_instance or 1,
+                                                 max_wall_s=inputs.max_time_s),
+                         context={"simulated": False, "service": plan.service, "engine": plan.engine,
+                                  "model": plan.model, "chip": inputs.chip},
+                         baseline=plan.baseline)
+
+    def opening(self) -> Sequence[str]:
+        inputs, plan = self.inputs, self.plan
+        notes = [f"tuning {plan.service} ({plan.engine}, space {plan.space.name}: {', '.join(plan.space.names)}) for "
+                 f"{', '.join(s.label for s in plan.slos)} on {len(plan.slots)} trial slot(s): "
+                 f"{', '.join(f'{s.name}@{s.host}' for s in plan.slots)}; budget {inputs.budget} restarts; "
+                 f"run directory {inputs.run_dir}"]
+        if plan.profile is None:
+            notes.append(f"no dsctl model profile matches {plan.model}: candidates are not screened by the roofline")
+        return notes
+
+    def screening(self) -> tuple[space_mod.SearchSpace, search.Screen | None, Sequence[str]]:
+        """The roofline (with a model profile of the service's model), then the offline engine model of its
+        instances (as --simulate builds it: an engine it models), the lossy knobs narrowed by the model's quality
+        verdict."""
+        inputs, plan = self.inputs, self.plan
+        if plan.profile is None or inputs.screen == "none":
+            return plan.space, None, ()
+        model = _model_inputs(inputs, plan)
+        workload = Workload(length(inputs.prompt_tokens, "--prompt-tokens"),
+                            length(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
+        space, narrowed = tune_sim.quality_narrowed(model, plan.space, min_agreement=inputs.min_agreement,
+                                                    baseline=plan.baseline)
+        screen, _ = tune_sim.build_screen(model, plan.slos, plan.space, workload, min_agreement=inputs.min_agreement)
+        return space, screen, narrowed
+
+    def begin(self) -> None:
+        """The baseline: the inventory's configuration on every instance, and its greedy outputs (a lossy knob)."""
         self._note(f"deploying the inventory's configuration of {self.plan.service} (the baseline) to "
                    f"{len(self.plan.instances)} instance(s)")
         result = self.deploy(None, artifacts="baseline")
@@ -550,8 +568,6 @@ class LiveTune:
         return self.deploy(None, artifacts=f"restore-{time.time():.0f}")
 
     def verify(self, rate: float) -> tuple[Verification, ...]:
-        import concurrent.futures
-
         def check(slot: Slot) -> Verification:
             self._stage(slot, None, f"confirming at {rate:.3g} req/s")
             try:  # a probe the load generator limited confirms nothing either way: repeated once, then unconfirmed
@@ -569,9 +585,30 @@ class LiveTune:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(self.plan.instances))) as pool:
             return tuple(pool.map(check, self.plan.instances))
 
+    def event_fields(self, record: TrialRecord) -> Mapping[str, Any]:
+        slot = self._slot_of(record)
+        return {"rate": record.rate, "slot": record.slot, "host": slot.host if slot else None,
+                "instance": slot.name if slot else None}
 
-def _status(record: TrialRecord) -> str:
-    return "feasible" if record.feasible else (record.failure or "running")
+    def told(self, record: TrialRecord, incumbent: TrialRecord | None) -> None:
+        self.incumbent = incumbent  # the rate searches prune at what it holds
+        slot = self._slot_of(record)
+        if slot is not None:
+            self._stage(slot, None, f"trial {record.number}: {tune_driver.status(record)}")
+
+    def _slot_of(self, record: TrialRecord) -> Slot | None:
+        return self.plan.slots[record.slot] if 0 <= record.slot < len(self.plan.slots) else None
+
+    def interrupted(self) -> None:
+        """Ctrl-C: the running trials stopped (bounded), every instance restored; exit 130."""
+        stopped_in_time = self.trials.stop_and_wait(STOP_WAIT_S)
+        state = _restored(self)
+        late = "" if stopped_in_time else f" (some trials did not stop within {STOP_WAIT_S:g} s)"
+        raise DsctlError(f"tune interrupted{late}; every instance of {self.plan.service} {state}; continue with "
+                         f"dsctl tune --resume {self.inputs.run_dir}", ExitStatus.INTERRUPTED) from None
+
+    def conclude(self, found: SearchResult, started: float) -> TuneResult:
+        return _finish(self, found, started)
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -588,67 +625,11 @@ def _same_config(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 def run(runner: PlaybookRunner, prober: Prober, inputs: LiveTuneInputs,
         progress: ProgressSink = no_progress) -> TuneResult:
-    started = time.monotonic()
+    """`dsctl tune INVENTORY`: `prepare` (the fleet read once, --write-back checked once: every refusal before a run
+    directory is made or a host contacted), then the one tune driver on the fleet's instances."""
     plan = prepare(inputs)
-    journal = inputs.run_dir / JOURNAL
-    if inputs.resume and not journal.is_file():
-        raise UsageError(f"--resume {inputs.run_dir}: no {JOURNAL} there; give the run directory of an earlier tune")
-    inputs.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tune = LiveTune(runner, prober, inputs, plan, progress)
-    tune._note(f"tuning {plan.service} ({plan.engine}, space {plan.space.name}: {', '.join(plan.space.names)}) for "
-               f"{', '.join(s.label for s in plan.slos)} on {len(plan.slots)} trial slot(s): "
-               f"{', '.join(f'{s.name}@{s.host}' for s in plan.slots)}; budget {inputs.budget} restarts; "
-               f"run directory {inputs.run_dir}")
-    if plan.profile is None:
-        tune._note(f"no dsctl model profile matches {plan.model}: candidates are not screened by the roofline")
-    def on_event(phase: str, record: TrialRecord) -> None:
-        counts = {}
-        if phase == "told":
-            counts, tune.incumbent = search.standing(driver.result().trials)
-        slot = plan.slots[record.slot] if 0 <= record.slot < len(plan.slots) else None
-        progress({"event": "dsctl_tune_trial", "phase": phase, "number": record.number, "config": record.config,
-                  "status": _status(record) if phase == "told" else "running", "objective": record.objective,
-                  "rate": record.rate, "detail": record.detail, "evaluated": counts.get("evaluated"),
-                  "crashed": counts.get("crashed"), "feasible": counts.get("feasible"), "budget": inputs.budget,
-                  "best": tune.incumbent.objective if tune.incumbent else None, "slot": record.slot,
-                  "host": slot.host if slot else None, "instance": slot.name if slot else None})
-        if phase == "told" and slot is not None:
-            tune._stage(slot, None, f"trial {record.number}: {_status(record)}")
-
-    screen, space = None, plan.space
-    if plan.profile is not None and inputs.screen != "none":
-        screen = screens.roofline_screen(chip=inputs.chip, model=plan.profile, prompt_tokens=plan.shortest_prompt,
-                                         output_tokens=plan.shortest_output, slos=plan.slos,
-                                         npus_per_instance=plan.space.npus_per_instance or 1)
-        if inputs.screen == "model" and plan.engine in tune_sim.ENGINES:
-            predict, agreement_of, memory_check = _predictor(inputs, plan)
-            space, narrowed = screens.quality_narrowed(plan.space, agreement_of, inputs.min_agreement,
-                                                       baseline=plan.baseline)
-            for note in narrowed:
-                tune._note(note)
-            screen = screens.combined(screen, screens.model_screen(predict, plan.slos, budget=inputs.budget,
-                                                                      min_agreement=inputs.min_agreement,
-                                                                      agreement_of=agreement_of,
-                                                                      memory_check=memory_check))
-    try:
-        tune.baseline()
-        driver = search.Search(
-            space, plan.slos, tune.evaluate,
-            search.SearchSettings(budget=inputs.budget, slots=len(plan.slots), seed=inputs.seed,
-                                  objective=inputs.objective, min_agreement=inputs.min_agreement,
-                                  npus_per_instance=plan.space.npus_per_instance or 1, max_wall_s=inputs.max_time_s),
-            storage=search.journal_storage(journal), study_name=STUDY, resume=inputs.resume, screen=screen,
-            baseline=plan.baseline, context={"simulated": False, "service": plan.service, "engine": plan.engine,
-                                             "model": plan.model, "chip": inputs.chip},
-            on_event=on_event)
-        found = driver.run()
-    except KeyboardInterrupt:
-        stopped_in_time = tune.trials.stop_and_wait(STOP_WAIT_S)
-        state = _restored(tune)
-        late = "" if stopped_in_time else f" (some trials did not stop within {STOP_WAIT_S:g} s)"
-        raise DsctlError(f"tune interrupted{late}; every instance of {plan.service} {state}; continue with "
-                         f"dsctl tune --resume {inputs.run_dir}", ExitStatus.INTERRUPTED) from None
-    return _finish(tune, found, started)
+    inputs = dataclasses.replace(inputs, run_dir=tune_driver.run_dir_for(inputs.run_dir))
+    return tune_driver.drive(LiveTune(runner, prober, inputs, plan, progress), progress)
 
 
 class _RestoreInterrupted(DsctlError):
@@ -672,21 +653,18 @@ def _restored(tune: LiveTune) -> str:
     return f"NOT all restored ({_first_line(restored.errors)}); run dsctl deploy on the inventory"
 
 
-def _predictor(inputs: LiveTuneInputs, plan: LivePlan) -> tuple[screens.Predictor, Callable[[Candidate], float],
-                                                                Callable[[Candidate], Any]]:
-    """The offline engine model of the service's instances, for the model screen (as --simulate builds it), its
-    output agreement per candidate and its memory check."""
-    model_inputs = tune_sim.TuneInputs(
+def _model_inputs(inputs: LiveTuneInputs, plan: LivePlan) -> tune_sim.TuneInputs:
+    """The service's instances as --simulate models them, for the screens: dsctl's profile of its model, at the
+    rate the tune probes first (``--rate``, or the rate search's floor); the screen --screen asks for, the
+    roofline alone for an engine the offline model does not model."""
+    screen = inputs.screen if plan.engine in tune_sim.ENGINES else "roofline"
+    return tune_sim.TuneInputs(
         model=plan.profile or plan.model, chip=inputs.chip, slos=inputs.slos, run_dir=inputs.run_dir,
-        engine=plan.engine, space=plan.space.name, prompt_tokens=inputs.prompt_tokens,
+        engine=plan.engine, space=plan.space.name, budget=inputs.budget, prompt_tokens=inputs.prompt_tokens,
         output_tokens=inputs.output_tokens, requests=inputs.requests,
         rate=inputs.rate if inputs.rate is not None else MIN_RATE, objective="goodput",
-        npus_per_instance=plan.space.npus_per_instance or 1, seed=inputs.seed, alloc_conf=plan.alloc_conf)
-    workload = tune_sim.Workload(tune_sim.LengthSpec.parse(inputs.prompt_tokens, "--prompt-tokens"),
-                                 tune_sim.LengthSpec.parse(inputs.output_tokens, "--output-tokens"), seed=inputs.seed)
-    return (tune_sim.model_predictor(model_inputs, plan.slos, plan.space, workload),
-            tune_sim.model_agreement(model_inputs, plan.space),
-            tune_sim.model_memory(model_inputs, plan.space, workload))
+        npus_per_instance=plan.space.npus_per_instance or 1, seed=inputs.seed, alloc_conf=plan.alloc_conf,
+        screen=screen)
 
 
 @dataclass
@@ -701,7 +679,7 @@ class _End:
     status: ExitStatus = ExitStatus.OK
 
 
-def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneResult:
+def _finish(tune: LiveTune, found: SearchResult, started: float) -> TuneResult:
     """The end as one transaction: the artifacts, the winner deployed and confirmed, then (``--write-back``) the
     inventory written.  Until that commit every failure puts the baseline back on every instance: an exception
     is raised again once it has (Ctrl-C: the interrupted error, exit 130), a winner that did not take is the
@@ -711,19 +689,16 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
     baseline_params = plan.space.params(plan.baseline) if plan.baseline else {}
     winner_params = {} if winner is None else {**winner.params, **winner.fields}
     baseline = _baseline_trial(found.trials, tune.baseline_config)
-    # no winner over a baseline whose figure is the controller's or rests on too few samples (search.baseline_doubt)
+    # no winner over a baseline whose figure is the controller's or rests on too few samples (analysis.baseline_doubt)
     doubt = None if winner is None or _same_config(winner_params, tune.baseline_config or {}) else \
-        search.baseline_doubt(baseline)
+        analysis.baseline_doubt(baseline)
     declined = winner if doubt is not None else None
     if declined is not None:
         winner, winner_params = None, {}
     is_baseline = winner is None or _same_config(winner_params, tune.baseline_config or {})
     try:
-        trials_path = pareto.write_trials(found.trials, inputs.run_dir / TRIALS)
-        first = plan.slos[0]
-        plot_path = pareto.plot(found.trials, inputs.run_dir / PLOT, winner=winner, slo_key=first.key,
-                                slo_bound=first.bound if first.statistic is not None else None,
-                                title=f"dsctl tune {plan.service} ({plan.model}), {len(plan.slots)} slots")
+        paths = tune_driver.artifacts(found.trials, inputs.run_dir, winner=winner, slos=plan.slos,
+                                      title=f"dsctl tune {plan.service} ({plan.model}), {len(plan.slots)} slots")
         end = _end(tune, winner, None if is_baseline else winner_params)
     except _RestoreInterrupted:
         raise
@@ -742,29 +717,27 @@ def _finish(tune: LiveTune, found: search.SearchResult, started: float) -> TuneR
         end.status = ExitStatus.ENVIRONMENT if baseline.failure == Failure.UNMEASURED else ExitStatus.ERROR
         held = "" if declined.rate is None else f" held the SLO at {declined.rate:.3g} req/s"
         end.errors.insert(0, f"no winner declared: trial {declined.number} ({config_text(declined)}){held}, but "
-                             f"{doubt}, so there is no figure to beat; the instances run the inventory's "
-                             "configuration again; tune again on a quieter controller (or fewer --slots)")
+                             f"{doubt}, so there is no figure to beat; {RESTORED}; tune again on a quieter "
+                             "controller (or fewer --slots)")
     elif winner is None:
         # nothing measured at all (every trial unmeasured or crashed): the controller, not an SLO miss
         unmeasured = found.closest is None and found.counts.get(Failure.UNMEASURED.value)
         end.status = ExitStatus.ENVIRONMENT if unmeasured else ExitStatus.SLO_NOT_MET
-        end.errors.insert(0, _nothing_met(found))
+        end.errors.insert(0, tune_driver.nothing_met(found, after=RESTORED))
     winning = end.deployed == "winner"
     target = tune.baseline_config
-    result = TuneResult(
-        mode="live", subject=(f"{plan.service} ({plan.model}, {plan.engine}, space {plan.space.name}) on "
-                              f"{len(plan.slots)} instances"),
-        space=plan.space, trials=tuple(found.trials), best=winner, closest=found.closest, counts=found.counts,
-        stopped=found.stopped, trials_path=trials_path, plot_path=plot_path, exit_status=end.status,
-        errors=tuple(end.errors), wall_s=time.monotonic() - started, baseline=baseline,
-        baseline_config=target,
+    result = tune_driver.result(
+        found, mode="live", subject=(f"{plan.service} ({plan.model}, {plan.engine}, space {plan.space.name}) on "
+                                     f"{len(plan.slots)} instances"),
+        space=plan.space, best=winner, paths=paths, exit_status=end.status, errors=end.errors, started=started,
+        baseline=baseline, baseline_config=target,
         deployment=Deployment(service=plan.service, deployed=end.deployed,
                               params=winner_params if winning else baseline_params,
                               verification=end.verification, written=end.written),
-        inputs=_echo(inputs, plan))
-    import json
-
-    (inputs.run_dir / RESULT).write_text(json.dumps(result.to_dict(), indent=1, default=str) + "\n")
+        inputs=tune_driver.echo(inputs, plan.slos, {
+            "inventory": str(inputs.inventory), "service": plan.service, "engine": plan.engine, "model": plan.model,
+            "slots": [f"{s.host}/{s.name}" for s in plan.slots]}))
+    tune_artifacts.write_json(inputs.run_dir / RESULT, result.to_dict())
     return result
 
 
@@ -774,16 +747,6 @@ def _baseline_trial(trials: Sequence[TrialRecord], target: Mapping[str, Any] | N
         return None
     return next((t for t in sorted(trials, key=lambda t: t.number) if t.evaluated and t.duplicate_of is None
                  and _same_config({**t.params, **t.fields}, target)), None)
-
-
-def _echo(inputs: LiveTuneInputs, plan: LivePlan) -> dict[str, Any]:
-    """A live run's inputs and plan, for result.json and --json."""
-    return {"inventory": str(inputs.inventory), "service": plan.service, "engine": plan.engine, "model": plan.model,
-            "slots": [f"{s.host}/{s.name}" for s in plan.slots], "slos": [s.to_dict() for s in plan.slos],
-            "objective": inputs.objective, "budget": inputs.budget, "seed": inputs.seed, "rate": inputs.rate,
-            "prompt_tokens": inputs.prompt_tokens, "output_tokens": inputs.output_tokens,
-            "requests": inputs.requests, "window_s": inputs.window_s,
-            "sample_rule": tune_sim.sample_rule(plan.slos), "run_dir": str(inputs.run_dir)}
 
 
 def _end(tune: LiveTune, winner: TrialRecord | None, overrides: dict[str, Any] | None) -> _End:
@@ -832,21 +795,3 @@ def _end(tune: LiveTune, winner: TrialRecord | None, overrides: dict[str, Any] |
         return end
     end.written, end.committed = tuple(str(path) for path in done.written), True
     return end
-
-
-def _nothing_met(result: search.SearchResult) -> str:
-    closest, counts = result.closest, result.counts
-    if closest is None and not counts["evaluated"] and counts["screened"]:
-        return tune_sim._nothing_met(result) + "; the instances run the inventory's configuration again"
-    if closest is None and counts.get(Failure.UNMEASURED.value):
-        first = next(t for t in result.trials if t.failure == Failure.UNMEASURED)
-        return (f"no configuration was measured: the load generator was the limit of {counts['unmeasured']} of the "
-                f"{counts['evaluated']} evaluated trials (e.g. trial {first.number}: {first.detail}); the instances "
-                "run the inventory's configuration again; tune again on a quieter controller (or fewer --slots)")
-    if closest is None:
-        crashes = ", ".join(f"{counts[f.value]} {f.value}" for f in search.CRASHES if counts[f.value])
-        return (f"no configuration met the SLO: all {counts['evaluated']} evaluated crashed ({crashes or 'none'}); "
-                "the instances run the inventory's configuration again; narrow the space with --param")
-    at = f" at {closest.rate:.3g} req/s" if closest.rate is not None else ""
-    return (f"no configuration met the SLO; closest: trial {closest.number} ({config_text(closest)}){at}, "
-            f"binding {closest.binding}: {closest.detail}; the instances run the inventory's configuration again")

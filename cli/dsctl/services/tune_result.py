@@ -2,7 +2,7 @@
 result type").
 
 `dsctl tune --simulate` (services.tune, the offline engine model) and `dsctl tune INVENTORY` (services.tune_live,
-the fleet's instances) run the same driver (`core.tune.search.Search`) and return this: the trials, the noise-aware
+the fleet's instances) run the same driver (`services.tune_driver.drive`) and return this: the trials, the noise-aware
 winner, the baseline it is measured against (live: the inventory's configuration), the counts and the artifacts.
 What only a live run has -- the configuration it left on every instance, the confirming probes, the inventory it
 wrote -- is its `Deployment`; a simulated run has none.  The command renders both with one table and one JSON
@@ -24,7 +24,7 @@ from dsctl.errors import ExitStatus
 
 
 def ranked(trials: tuple[TrialRecord, ...], best: TrialRecord | None = None) -> list[TrialRecord]:
-    """Evaluated trials, best first: the run's winner (``best``, `search.best_trial`: with noisy verdicts a later
+    """Evaluated trials, best first: the run's winner (``best``, `analysis.best_trial`: with noisy verdicts a later
     trial replaces the incumbent only beyond the noise, so an equal or slightly higher figure does not rank above
     it), then feasible by objective, then the rest by how near they came."""
     evaluated = [t for t in trials if t.evaluated and t.duplicate_of is None]

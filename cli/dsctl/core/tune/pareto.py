@@ -6,19 +6,17 @@ margins, the probe's metrics, the quality agreement, and the context (versions, 
 gives the run directory's ``trials.jsonl`` line; ``from_dict`` reads it back.
 
 The Pareto front is over evaluated trials that produced metrics: maximise goodput (the objective) per NPU, minimise
-the SLO statistic (the binding SLO's value; by default the first SLO's).  `plot` writes it as a PNG with
-matplotlib's Agg backend (no display): feasible trials as dots, infeasible ones as crosses, the front as a
-line, the winner ringed.  `plot` and `write_trials` write files; everything else here is pure.
+the SLO statistic (the binding SLO's value; by default the first SLO's).  `figure` draws it (a matplotlib Figure, in
+memory): feasible trials as dots, infeasible ones as crosses, the front as a line, the winner ringed.  Pure: the
+files (``trials.jsonl``, the PNG) are written by `dsctl.adapters.tune_artifacts`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 RECORD_VERSION = 1
@@ -95,23 +93,6 @@ def _unfinite(value: Any) -> Any:
     return float(value) if value in ("inf", "-inf", "nan") else value
 
 
-def write_trials(records: Sequence[TrialRecord], path: Path) -> Path:
-    """``trials.jsonl``: one line per trial, by number, written atomically (temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    with temp.open("w", encoding="utf-8") as out:
-        for record in sorted(records, key=lambda r: r.number):
-            out.write(record.to_json_line() + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
-    return path
-
-
-def read_trials(path: Path) -> list[TrialRecord]:
-    return [TrialRecord.from_json_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
 # --------------------------------------------------------------------------- the front
 
 
@@ -135,17 +116,14 @@ def pareto_front(records: Sequence[TrialRecord], *, slo_key: str | None = None,
     return sorted(front, key=lambda r: (_point(r, slo_key)[1], r.number))
 
 
-def plot(records: Sequence[TrialRecord], path: Path, *, winner: TrialRecord | None = None,
-         slo_key: str | None = None, slo_bound: float | None = None, title: str = "dsctl tune") -> Path:
-    """Write the Pareto plot (PNG) to ``path``: goodput per NPU against the SLO statistic."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def figure(records: Sequence[TrialRecord], *, winner: TrialRecord | None = None, slo_key: str | None = None,
+           slo_bound: float | None = None, title: str = "dsctl tune") -> Any:
+    """The Pareto plot, a matplotlib Figure: goodput per NPU against the SLO statistic."""
     from matplotlib.figure import Figure
 
     key = slo_key or next((k for r in records for k in r.slo_values), None)
-    figure = Figure(figsize=(7, 4.5), dpi=110)
-    axes = figure.add_subplot()
+    drawn = Figure(figsize=(7, 4.5), dpi=110)
+    axes = drawn.add_subplot()
     feasible = [p for r in records if r.feasible and (p := _point(r, key)) is not None]
     infeasible = [p for r in records if not r.feasible and (p := _point(r, key)) is not None]
     if feasible:
@@ -172,7 +150,5 @@ def plot(records: Sequence[TrialRecord], path: Path, *, winner: TrialRecord | No
     axes.grid(True, alpha=0.3)
     if feasible or infeasible:
         axes.legend(loc="best", fontsize="small")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
-    return path
+    drawn.tight_layout()
+    return drawn

@@ -335,7 +335,7 @@ class SearchSpace:
     @property
     def switches(self) -> tuple[str, ...]:
         """The knobs of a few values (booleans, choices, the parallel layout), whose moves the refinement tries
-        before a number's among moves it has no evidence on (search.refinement_order)."""
+        before a number's among moves it has no evidence on (analysis.refinement_order)."""
         return tuple(knob.name for knob in self.knobs if knob.kind in ("bool", "categorical"))
 
     def violations(self, config: Mapping[str, Any]) -> list[str]:
