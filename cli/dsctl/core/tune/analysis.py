@@ -91,7 +91,7 @@ def refinement_order(incumbent: TrialRecord, base: Mapping[str, Any], moves: Seq
     boolean does, and the switches set how the engine runs (graph mode, the shared-expert stream, the TP layout)
     where a number sets how much; on moe-long (8K-32K prompts, a MoE) the seeds that missed the top had spent the
     refinement on max_num_seqs and the memory fraction and never turned the overlap on or moved to TP 1, where
-    the top is (see README, "What changed", for the figures)."""
+    the top is (see docs/tune-bench.md, "What changed", for the figures)."""
     def along(name: str) -> list[TrialRecord]:
         return [r for r in measured if r.number != incumbent.number and name in r.config
                 and moved(base, r.config) == name]
