@@ -324,3 +324,17 @@ def test_every_read_is_one_ansible_child_and_a_limit_is_ansibles_to_resolve(tmp_
     path.write_text(HOSTS.replace("192.0.2.11", "192.0.2.21"))
     assert host_vars(path)["atlas-a01"]["ansible_host"] == "192.0.2.21"
     assert children[-1] is None and len(children) == 7
+
+
+def test_a_limited_read_still_gives_the_other_groups_whole(tmp_path: Path):
+    # The NPU network plan is the whole fleet's and a gateway fronts hosts outside --limit: a limit (names or a
+    # pattern) narrows the hosts read, never the groups asked for beside them.
+    from dsctl.adapters.inventory import read_groups
+
+    path = write(tmp_path / "hosts.yml", HOSTS)
+    every = list(host_vars(path))
+    assert len(every) > 2
+    for limit in ("atlas-a02", "*a02"):
+        hosts, groups = read_groups(path, limit=limit, also=("npu_nodes",))
+        assert list(hosts) == ["atlas-a02"], limit
+        assert list(groups["npu_nodes"]) == every, limit

@@ -511,7 +511,10 @@ def read_all(request: Mapping[str, Any]) -> tuple[HostsVars, dict[str, HostsVars
     chosen_hosts = values_of(chosen)
     also = request.get("also") or []
     if also:
-        inventory.remove_restriction()  # the other groups whole: a gateway fronts hosts outside --limit too
+        # The other groups whole: a gateway fronts hosts outside --limit too, and the NPU network plan is the whole
+        # fleet's.  subset(None) undoes --limit (remove_restriction() alone leaves Ansible's subset in place).
+        inventory.subset(None)
+        inventory.remove_restriction()
     others = {name: values_of(inventory.get_hosts(name)) if name in inventory.groups else {} for name in also}
     return chosen_hosts, others, sorted(inventory.groups)
 
